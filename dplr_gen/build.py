@@ -1,0 +1,208 @@
+"""``dplr-gen build``: spec -> build units -> rendered package under generated/ -> compiled kernels -> manifest.
+
+The rendered files (sources, index.json, __init__.py) are deterministic and checked in; ``manifest.json`` is
+the machine's record of a finished build (which cache entries hold each kernel) and is written last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import Any, Callable
+
+from filelock import FileLock
+from packaging.version import Version
+
+from . import cache
+from .compile import CompileJob, CompileOutcome, run_in_subprocess
+from .render import GENERATOR_VERSION, TEMPLATE_FOR_OP, render_template, render_unit, source_hash
+from .spec import Spec, load_spec
+from .variants import BuildUnit, Filtered, build_units
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+GENERATED = REPO_ROOT / "generated"
+INDEX = "index.json"
+MANIFEST = "manifest.json"
+BUILD_PRODUCTS = {MANIFEST, ".lock"}
+
+
+def installed_triton() -> Version:
+    return Version(dist_version("triton"))
+
+
+@dataclass
+class Plan:
+    spec: Spec
+    spec_path: Path
+    out_dir: Path
+    triton_version: Version
+    units: list[BuildUnit]
+    refused: list[Filtered]
+    files: dict[str, str]  # path relative to out_dir -> text
+    unit_files: dict[str, str]  # unit name -> relative source path
+
+    @property
+    def index_sha(self) -> str:
+        return hashlib.sha256(self.files[INDEX].encode()).hexdigest()[:16]
+
+
+def plan(spec_path: str | Path, out_root: Path = GENERATED, triton_version: Version | None = None) -> Plan:
+    spec_path = Path(spec_path)
+    spec = load_spec(spec_path)
+    tv = triton_version or installed_triton()
+    units, refused = build_units(spec, tv)
+    files: dict[str, str] = {}
+    unit_files: dict[str, str] = {}
+    variants: dict[str, Any] = {}
+    for u in units:
+        rel = f"{u.variant.name}/{u.target}.py"
+        text = render_unit(u)
+        files[rel] = text
+        unit_files[u.name] = rel
+        entry = variants.setdefault(u.variant.name, {"params": u.variant.params(), "targets": {}})
+        entry["targets"][u.target] = {
+            "unit": u.name, "source": rel, "source_hash": source_hash(text),
+            "template": TEMPLATE_FOR_OP[u.variant.op], "flags": u.flags,
+            "tune": {st: k.model_dump() for st, k in u.tune.items()}, "quirks": list(u.quirks),
+        }
+    try:
+        shown_path = spec_path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        shown_path = spec_path.name
+    index = {
+        "spec": spec.name, "spec_file": shown_path, "description": spec.description,
+        "generator_version": GENERATOR_VERSION, "triton_version": str(tv), "targets": spec.targets,
+        "variants": variants, "refused": [{"what": f.what, "reason": f.reason} for f in refused],
+    }
+    files[INDEX] = json.dumps(index, indent=1, sort_keys=True) + "\n"
+    files["__init__.py"] = render_template("package_init.py.jinja", spec=spec, spec_file=shown_path)
+    return Plan(spec, spec_path, out_root / spec.name, tv, units, refused, files, unit_files)
+
+
+def stale_files(p: Plan) -> list[str]:
+    """Paths (relative) under out_dir that differ from what the plan renders, or should not be there."""
+    stale = [rel for rel, text in p.files.items() if _read(p.out_dir / rel) != text]
+    if p.out_dir.is_dir():
+        for f in sorted(p.out_dir.rglob("*")):
+            rel = f.relative_to(p.out_dir).as_posix()
+            if f.is_file() and rel not in p.files and f.name not in BUILD_PRODUCTS and "__pycache__" not in rel:
+                stale.append(rel)
+    return stale
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def write_package(p: Plan) -> list[str]:
+    """Bring out_dir in line with the plan; returns the paths written or removed."""
+    changed = stale_files(p)
+    for rel in changed:
+        path = p.out_dir / rel
+        if rel in p.files:
+            cache.atomic_write_text(path, p.files[rel])
+        else:
+            path.unlink()
+    for d in sorted((x for x in p.out_dir.rglob("*") if x.is_dir()), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
+    top_init = p.out_dir.parent / "__init__.py"
+    if not top_init.exists():
+        cache.atomic_write_text(top_init, '"""Packages built by dplr-gen, one per spec."""\n')
+    return changed
+
+
+@dataclass
+class BuildReport:
+    spec: str
+    out_dir: Path
+    up_to_date: bool = False
+    written: list[str] = field(default_factory=list)
+    outcomes: list[CompileOutcome] = field(default_factory=list)
+    refused: list[Filtered] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[CompileOutcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+    @property
+    def kernels(self) -> int:
+        return sum(len(o.kernels) for o in self.outcomes)
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((out_dir / MANIFEST).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def manifest_is_current(p: Plan, manifest: dict[str, Any] | None, root: Path) -> bool:
+    """A finished build of exactly this plan whose cache entries are all still present."""
+    if not manifest or manifest.get("index_sha") != p.index_sha or manifest.get("failures"):
+        return False
+    if manifest.get("triton_version") != str(p.triton_version) or set(manifest["units"]) != set(p.unit_files):
+        return False
+    tv = str(p.triton_version)
+    return all(
+        (cache.entry_dir(k["key"], tv, root) / cache.META).exists()
+        for u in manifest["units"].values() for k in u["kernels"]
+    )
+
+
+def build(
+    spec_path: str | Path,
+    jobs: int = 2,
+    force: bool = False,
+    out_root: Path = GENERATED,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> BuildReport:
+    t0 = time.perf_counter()
+    p = plan(spec_path, out_root)
+    root = cache.cache_root()
+    report = BuildReport(p.spec.name, p.out_dir, refused=p.refused)
+    p.out_dir.mkdir(parents=True, exist_ok=True)
+    # one build of a spec at a time; a second waits, then finds the work done
+    with FileLock(str(p.out_dir / ".lock")):
+        report.written = write_package(p)
+        if not force and manifest_is_current(p, read_manifest(p.out_dir), root):
+            report.up_to_date = True
+            report.seconds = time.perf_counter() - t0
+            return report
+        tv = str(p.triton_version)
+        job_list = [
+            CompileJob(
+                unit=u.name, source=str(p.out_dir / p.unit_files[u.name]),
+                source_hash=source_hash(p.files[p.unit_files[u.name]]), target=u.target, cc=u.arch.cc,
+                smem_limit=u.arch.smem_per_block, check_mma=u.arch.mma != "v2", triton_version=tv,
+                cache_root=str(root),
+            )
+            for u in p.units
+        ]
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = {pool.submit(run_in_subprocess, j): j for j in job_list}
+            for n, fut in enumerate(as_completed(futures), 1):
+                outcome = fut.result()
+                report.outcomes.append(outcome)
+                if on_progress:
+                    on_progress(outcome.unit, n, len(job_list))
+        report.outcomes.sort(key=lambda o: o.unit)
+        manifest = {
+            "spec": p.spec.name, "index_sha": p.index_sha, "triton_version": tv,
+            "generator_version": GENERATOR_VERSION, "cache_root": str(root),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "units": {o.unit: {"target": o.target, "kernels": o.kernels} for o in report.outcomes if o.ok},
+            "failures": [{"unit": o.unit, "target": o.target, "error": o.error} for o in report.failures],
+        }
+        cache.atomic_write_text(p.out_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    report.seconds = time.perf_counter() - t0
+    return report

@@ -1,0 +1,91 @@
+"""Content-addressed store of compiled kernels.
+
+An entry is a folder ``<root>/triton-<version>/<key[:2]>/<key>/`` holding every artifact Triton produced and
+``meta.json``, which is written last: an entry without it does not exist. Entries are assembled in a private
+temporary folder and renamed into place, under a per-key file lock, so two builds at once or a build killed
+midway never leave a half-written entry that a reader would trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import platformdirs
+from filelock import FileLock
+
+META = "meta.json"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("DPLR_GEN_CACHE_DIR")
+    return Path(env) if env else Path(platformdirs.user_cache_dir("dplr-gen"))
+
+
+def cache_key(**parts: Any) -> str:
+    """Hash of everything that decides the compiled bytes (source, kernel, signature, constants, options,
+    target, Triton version)."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def entry_dir(key: str, triton_version: str, root: Path | None = None) -> Path:
+    return (root or cache_root()) / f"triton-{triton_version}" / key[:2] / key
+
+
+def read_entry(key: str, triton_version: str, root: Path | None = None) -> dict[str, Any] | None:
+    """The entry's metadata, or None if it is absent or incomplete."""
+    meta = entry_dir(key, triton_version, root) / META
+    try:
+        return json.loads(meta.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+@contextmanager
+def locked(key: str, triton_version: str, root: Path | None = None) -> Iterator[None]:
+    d = entry_dir(key, triton_version, root)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(d) + ".lock"):
+        yield
+
+
+def write_entry(
+    key: str, triton_version: str, files: dict[str, bytes], meta: dict[str, Any], root: Path | None = None
+) -> Path:
+    """Store ``files`` and then ``meta`` atomically; returns the entry folder. Call under :func:`locked`."""
+    final = entry_dir(key, triton_version, root)
+    if (final / META).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-", dir=final.parent))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        (tmp / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+        if final.exists():  # a stale folder without meta.json: left by a crash before the rename existed
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file so that readers see the old or the new content, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

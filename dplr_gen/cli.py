@@ -1,0 +1,243 @@
+"""The ``dplr-gen`` command. Exit codes: 0 ok, 1 build failure (or stale with --check), 2 bad spec or usage."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .spec import SpecError
+
+app = typer.Typer(
+    help="Generate, build and inspect DPLR delta-rule (RWKV-7) Triton kernels ahead of time.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+EXIT_BUILD_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+@app.command()
+def build(
+    spec: Path = typer.Argument(..., help="spec file, e.g. specs/ampere.yaml"),
+    jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, help="compiles run in parallel"),
+    check: bool = typer.Option(False, "--check", help="only check that generated/ matches the spec; exit 1 if stale"),
+    force: bool = typer.Option(False, "--force", help="recompile even if the build is up to date"),
+) -> None:
+    """Render every variant, compile it for every target, verify, cache; write generated/<spec>/."""
+    from . import build as b
+
+    try:
+        if check:
+            plan = b.plan(spec)
+            stale = b.stale_files(plan)
+            if stale:
+                err.print(f"[red]stale:[/] {len(stale)} file(s) under {plan.out_dir} differ from {spec}:")
+                for rel in stale[:20]:
+                    err.print(f"  {rel}")
+                err.print(f"run `dplr-gen build {spec}` and commit generated/")
+                raise typer.Exit(EXIT_BUILD_FAILED)
+            out.print(f"{plan.out_dir} is up to date with {spec} ({len(plan.units)} units)")
+            return
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[unit]}"), console=err, transient=False,
+        ) as progress:
+            task = progress.add_task(f"building {spec}", total=None, unit="")
+
+            def step(unit: str, done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total, unit=unit)
+
+            report = b.build(spec, jobs=jobs, force=force, on_progress=step)
+            if report.up_to_date:
+                progress.update(task, total=1, completed=1, unit="up to date")
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    for f in report.failures:
+        err.print(f"[bold red]FAILED[/] {f.unit} ({f.target}): {f.error}", highlight=False)
+    state = "up to date, nothing to do" if report.up_to_date else f"{report.kernels} kernels compiled or cached"
+    out.print(
+        f"{report.spec}: {state}; {len(report.failures)} failed; {len(report.refused)} refused or filtered "
+        f"(`dplr-gen list {spec}` says why); {report.seconds:.1f} s -> {report.out_dir}"
+    )
+    if report.failures:
+        raise typer.Exit(EXIT_BUILD_FAILED)
+
+
+@app.command("list")
+def list_(spec: Path = typer.Argument(..., help="spec file")) -> None:
+    """Variants, targets, build status and shared memory used."""
+    from . import build as b
+
+    try:
+        plan = b.plan(spec)
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    manifest = b.read_manifest(plan.out_dir) or {"units": {}, "failures": []}
+    failed = {f["unit"]: f["error"] for f in manifest.get("failures", [])}
+    stale = set(b.stale_files(plan))
+    table = Table(title=f"{plan.spec.name}: {len(plan.units)} units, Triton {plan.triton_version}")
+    for col in ("unit", "target", "status", "shared mem", "warps", "quirks avoided"):
+        table.add_column(col)
+    for u in plan.units:
+        rec = manifest["units"].get(u.name)
+        if plan.unit_files[u.name] in stale:
+            status = "[yellow]not rendered[/]"
+        elif rec:
+            status = "[green]built[/]"
+        elif u.name in failed:
+            status = "[red]failed[/]"
+        else:
+            status = "not built"
+        shared = f"{max(k['shared'] for k in rec['kernels'])} / {u.arch.smem_per_block}" if rec else "-"
+        warps = ",".join(str(k["num_warps"]) for k in rec["kernels"]) if rec else "-"
+        table.add_row(u.variant.name, u.target, status, shared, warps, ",".join(u.quirks) or "-")
+    out.print(table)
+    for f in plan.refused:
+        out.print(f"[dim]refused[/] {f.what}: {f.reason}", highlight=False)
+    for unit, error in failed.items():
+        out.print(f"[red]failed[/] {unit}: {error}", highlight=False)
+
+
+@app.command()
+def show(
+    variant: str = typer.Argument(..., help="variant name, optionally with __sm_XX"),
+    target: Optional[str] = typer.Option(None, "--target", help="e.g. sm_90 (default: the first target)"),
+) -> None:
+    """Print the generated Triton source of a variant."""
+    from .runtime import GENERATED
+
+    name, _, suffix = variant.partition("__")
+    target = target or suffix or None
+    for index_path in sorted(GENERATED.glob("*/index.json")):
+        index = json.loads(index_path.read_text())
+        entry = index["variants"].get(name)
+        if entry is None:
+            continue
+        tgt = target or next(iter(entry["targets"]))
+        if tgt not in entry["targets"]:
+            raise _fail(f"{name} is built for {', '.join(entry['targets'])}, not {tgt}")
+        sys.stdout.write((index_path.parent / entry["targets"][tgt]["source"]).read_text())
+        return
+    known = sorted(n for p in GENERATED.glob("*/index.json") for n in json.loads(p.read_text())["variants"])
+    close = [n for n in known if name.split("_")[0] in n][:5]
+    raise _fail(f"no variant named {name!r} under {GENERATED}; e.g. {', '.join(close or known[:5]) or 'none built'}"
+                " (`dplr-gen list SPEC` lists them)")
+
+
+@app.command()
+def doctor() -> None:
+    """Versions of Triton, torch and ptxas, the GPU seen, the cache, the specs found."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .cache import cache_root
+    from .runtime import GENERATED
+
+    table = Table(show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    table.add_row("python", f"{platform.python_version()} ({sys.executable})")
+    for dist in ("triton", "torch", "pydantic", "jinja2"):
+        try:
+            table.add_row(dist, version(dist))
+        except PackageNotFoundError:
+            table.add_row(dist, "[red]not installed[/]")
+    table.add_row("ptxas", _ptxas_version())
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpus = [
+                f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
+                for i in range(torch.cuda.device_count())
+            ]
+            table.add_row("GPU", "; ".join(gpus))
+        else:
+            table.add_row("GPU", "none seen (building works without one; TRITON_INTERPRET=1 runs ops on CPU)")
+    except ImportError:
+        table.add_row("GPU", "torch not installed")
+    table.add_row("cache", str(cache_root()))
+    table.add_row("DPLR_GEN_NO_JIT", os.environ.get("DPLR_GEN_NO_JIT", "unset (run-time JIT allowed)"))
+    specs_dir = GENERATED.parent / "specs"
+    table.add_row("specs", ", ".join(p.name for p in sorted(specs_dir.glob("*.yaml"))) or "none")
+    built = []
+    for p in sorted(GENERATED.glob("*/index.json")):
+        m = p.parent / "manifest.json"
+        state = json.loads(m.read_text())["triton_version"] if m.exists() else "not built here"
+        built.append(f"{p.parent.name} (built with Triton {state})" if m.exists() else f"{p.parent.name} ({state})")
+    table.add_row("generated", ", ".join(built) or "none")
+    out.print(table)
+
+
+def _ptxas_version() -> str:
+    try:
+        import triton
+
+        path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        exe = str(path) if path.exists() else shutil.which("ptxas")
+        if not exe:
+            return "not found"
+        res = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
+        return res.stdout.strip().splitlines()[-1] + f" ({exe})"
+    except Exception as e:  # doctor reports, it does not fail
+        return f"unknown ({e})"
+
+
+@app.command()
+def clean(
+    spec: Optional[Path] = typer.Argument(None, help="spec file; without it, every spec and the whole cache"),
+) -> None:
+    """Remove build products: the manifest(s) and the cached kernels they name. Rendered sources stay."""
+    from . import build as b
+    from .cache import cache_root, entry_dir
+
+    if spec is None:
+        root = cache_root()
+        shutil.rmtree(root, ignore_errors=True)
+        for m in b.GENERATED.glob(f"*/{b.MANIFEST}"):
+            m.unlink()
+        out.print(f"removed the cache {root} and every manifest under {b.GENERATED}")
+        return
+    try:
+        plan = b.plan(spec)
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    manifest = b.read_manifest(plan.out_dir)
+    removed = 0
+    if manifest:
+        root = Path(manifest.get("cache_root") or cache_root())
+        for unit in manifest["units"].values():
+            for k in unit["kernels"]:
+                d = entry_dir(k["key"], manifest["triton_version"], root)
+                if d.exists():
+                    shutil.rmtree(d)
+                    removed += 1
+        (plan.out_dir / b.MANIFEST).unlink(missing_ok=True)
+    out.print(f"{plan.spec.name}: removed the manifest and {removed} cached kernels")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Compiling one rendered source for one target, in a process of its own.
+
+``python -m dplr_gen.compile JOB.json`` compiles every kernel the source declares (its SIGNATURES, CONSTEXPRS,
+LAUNCH tables), checks each result against the target (shared memory within the arch limit; no conversion
+between two MMA layouts on matrix units other than mma v2), stores passing kernels in the cache and prints one
+JSON result line. A compiler abort (SIGABRT, segfault) kills only this process; the parent reports it with the
+unit, the target and the Triton version, and the rest of the build goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+RESULT_PREFIX = "DPLR_GEN_RESULT "
+MMA_CONVERSION_HINT = (
+    "the pattern behind \"mma -> mma layout conversion is only supported on Ampere\": a dot result flows into "
+    "another dot through a conversion between MMA layouts"
+)
+
+
+@dataclass
+class CompileJob:
+    unit: str
+    source: str  # path of the rendered module
+    source_hash: str
+    target: str
+    cc: int
+    smem_limit: int
+    check_mma: bool
+    triton_version: str
+    cache_root: str
+
+
+@dataclass
+class CompileOutcome:
+    unit: str
+    target: str
+    ok: bool
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+
+def import_source(path: str | Path, module_name: str) -> ModuleType:
+    """Import a rendered kernel module from its file (Triton needs kernels defined in real files)."""
+    spec = importlib.util.spec_from_file_location(module_name, str(path))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def kernel_cache_key(job_source_hash: str, name: str, module: ModuleType, cc: int, triton_version: str) -> str:
+    from .cache import cache_key
+
+    return cache_key(
+        source=job_source_hash, kernel=name, signature=module.SIGNATURES[name],
+        constexprs=module.CONSTEXPRS[name], launch=module.LAUNCH[name], cc=cc, triton=triton_version,
+    )
+
+
+def run_job(job: CompileJob) -> CompileOutcome:
+    """Compile in this process (the caller made it a fresh one)."""
+    from . import cache, triton_compat
+
+    module = import_source(job.source, f"dplr_gen_build_{job.unit}")
+    root = Path(job.cache_root)
+    out = CompileOutcome(job.unit, job.target, ok=True)
+    for name in module.SIGNATURES:
+        key = kernel_cache_key(job.source_hash, name, module, job.cc, job.triton_version)
+        with cache.locked(key, job.triton_version, root):
+            meta = cache.read_entry(key, job.triton_version, root)
+            if meta is None:
+                t0 = time.perf_counter()
+                res = triton_compat.compile_kernel(
+                    getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name], job.cc,
+                    **module.LAUNCH[name],
+                )
+                seconds = time.perf_counter() - t0
+                problems = []
+                if res.shared > job.smem_limit:
+                    problems.append(
+                        f"uses {res.shared} B of shared memory; {job.target} allows {job.smem_limit} B per block "
+                        "(lower block_v/num_stages for this stage in the spec's tuning)"
+                    )
+                if job.check_mma:
+                    conv = triton_compat.mma_conversions(res.ttgir)
+                    if conv:
+                        problems.append(
+                            f"TTGIR holds {len(conv)} conversion(s) between MMA layouts, {MMA_CONVERSION_HINT}: "
+                            + conv[0].strip()[:300]
+                        )
+                if problems:
+                    out.ok = False
+                    out.error = f"kernel {name}: " + "; ".join(problems)
+                    return out
+                meta = {
+                    "kernel": name, "key": key, "unit": job.unit, "target": job.target,
+                    "shared": res.shared, "num_warps": module.LAUNCH[name]["num_warps"],
+                    "num_stages": module.LAUNCH[name]["num_stages"], "compile_s": round(seconds, 3),
+                    "triton_version": job.triton_version, "source_hash": job.source_hash,
+                    "ttgir_sha256": hashlib.sha256(res.ttgir.encode()).hexdigest()[:16],
+                    "triton_metadata": res.metadata,
+                }
+                cache.write_entry(key, job.triton_version, res.files, meta, root)
+            out.kernels.append({k: meta[k] for k in meta if k != "triton_metadata"})
+    return out
+
+
+def run_in_subprocess(job: CompileJob, timeout: float = 900.0) -> CompileOutcome:
+    """Run a job in a fresh interpreter; a crash there becomes an error outcome here."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(asdict(job), f)
+        job_path = f.name
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # compiling needs the real compiler
+    where = f"{job.unit} for {job.target} with Triton {job.triton_version}"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "dplr_gen.compile", job_path],
+            capture_output=True, text=True, timeout=timeout, env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return CompileOutcome(job.unit, job.target, False, error=f"compiling {where} timed out after {timeout:.0f} s")
+    finally:
+        os.unlink(job_path)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return CompileOutcome(**json.loads(line[len(RESULT_PREFIX):]))
+    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+    how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with {proc.returncode}"
+    if proc.returncode in (-6, 134):
+        how = "aborted inside the compiler (SIGABRT)"
+    return CompileOutcome(job.unit, job.target, False, error=f"the compiler {how} compiling {where}:\n{tail}")
+
+
+def main(argv: list[str]) -> int:
+    job = CompileJob(**json.loads(Path(argv[0]).read_text()))
+    # keep Triton's own cache out of the user's: our cache is the one that counts
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="dplr-gen-triton-"))
+    try:
+        outcome = run_job(job)
+    except Exception as e:  # a Python-level compiler error: report it, do not die silently
+        outcome = CompileOutcome(
+            job.unit, job.target, False,
+            error=f"compiling {job.unit} for {job.target} with Triton {job.triton_version} failed: "
+            f"{type(e).__name__}: {str(e).strip()[:2000]}",
+        )
+    print(RESULT_PREFIX + json.dumps(asdict(outcome)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

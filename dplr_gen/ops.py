@@ -1,0 +1,322 @@
+"""The user-facing ops, with fla-core's names, argument order and defaults.
+
+Each call validates its arguments (errors name the argument), picks a built variant of the package, and runs
+torch.library custom ops (opaque to torch.compile, with fake implementations, so fullgraph works) whose
+autograd formula is the generated backward. The backward recomputes the forward's chunk states instead of
+keeping them alive between the passes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from . import chunk_driver, fused_recurrent_driver
+
+if TYPE_CHECKING:
+    from .runtime import SpecPackage
+
+OP_NAMES = ("chunk_dplr_delta_rule", "chunk_rwkv7", "fused_recurrent_dplr_delta_rule", "fused_recurrent_rwkv7")
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+TORCH_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# argument checks: every message names the argument and what would be valid
+
+
+def _check_inputs(
+    names: tuple[str, ...],
+    tensors: tuple[Any, ...],
+    scale: Any,
+    initial_state: Any,
+    cu_seqlens: Any,
+    cu_seqlens_cpu: Any,
+) -> dict[str, Any]:
+    q_name, k_name, v_name, a_name, b_name, g_name = names
+    for n, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+    q, k, v, a, b, g = tensors
+    if q.dim() != 4:
+        raise ValueError(f"{q_name} must be [B, T, H, K] (4 dims), got shape {tuple(q.shape)}")
+    B, T, H, K = q.shape
+    for n, t in ((k_name, k), (a_name, a), (b_name, b), (g_name, g)):
+        if tuple(t.shape) != (B, T, H, K):
+            raise ValueError(f"{n} must have the shape of {q_name} {(B, T, H, K)}, got {tuple(t.shape)}")
+    if v.dim() != 4 or tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(f"{v_name} must be [B, T, H, V] with B, T, H = {(B, T, H)}, got {tuple(v.shape)}")
+    V = v.shape[3]
+    if T == 0:
+        raise ValueError(f"{q_name} has T = 0 tokens; at least one is needed")
+    dev = q.device
+    for n, t in zip(names, tensors):
+        if t.device != dev:
+            raise ValueError(f"{n} is on {t.device} but {q_name} is on {dev}: all inputs must be on one device")
+    dt = q.dtype
+    if dt not in DTYPE_NAMES:
+        raise TypeError(f"{q_name} has dtype {dt}; supported: bfloat16, float16, float32")
+    for n, t in zip(names[1:5], tensors[1:5]):
+        if t.dtype != dt:
+            raise TypeError(f"{n} has dtype {t.dtype} but {q_name} has {dt}: {', '.join(names[:5])} must share one")
+    if g.dtype not in (dt, torch.float32):
+        raise TypeError(f"{g_name} has dtype {g.dtype}; it must be {dt} (like {q_name}) or float32")
+    if scale is None:
+        scale = K**-0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite float or None (meaning K**-0.5), got {scale!r}")
+
+    offsets: list[int] | None = None
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            got = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__
+            raise TypeError(f"cu_seqlens must be an int32 or int64 tensor, got {got}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries [0, ..., T], got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device != dev:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but {q_name} is on {dev}")
+        if B != 1:
+            raise ValueError(f"with cu_seqlens the batch size must be 1 (sequences laid end to end), got B = {B}")
+        src = cu_seqlens_cpu if isinstance(cu_seqlens_cpu, torch.Tensor) else cu_seqlens
+        if torch.compiler.is_compiling():  # reading values would break the graph; checked in eager runs
+            src = None
+        offsets = [] if src is None else [int(x) for x in src.tolist()]
+    if offsets:
+        if offsets[0] != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
+        if any(y < x for x, y in zip(offsets, offsets[1:])):
+            raise ValueError("cu_seqlens must be non-decreasing")
+        if offsets[-1] != T:
+            raise ValueError(f"cu_seqlens must end at T = {T}, got {offsets[-1]}")
+        if any(y == x for x, y in zip(offsets, offsets[1:])):
+            raise ValueError("cu_seqlens holds an empty sequence (two equal entries); every sequence needs a token")
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor):
+            raise TypeError(f"initial_state must be a tensor [N, H, K, V] or None, got {type(initial_state).__name__}")
+        if tuple(initial_state.shape) != (N, H, K, V):
+            raise ValueError(
+                f"initial_state must be [N, H, K, V] = {(N, H, K, V)} (N = {'number of sequences' if cu_seqlens is not None else 'B'}), "
+                f"got {tuple(initial_state.shape)}"
+            )
+        if not initial_state.is_floating_point():
+            raise TypeError(f"initial_state must be a floating tensor, got {initial_state.dtype}")
+        if initial_state.device != dev:
+            raise ValueError(f"initial_state is on {initial_state.device} but {q_name} is on {dev}")
+    return {"B": B, "T": T, "H": H, "K": K, "V": V, "N": N, "scale": float(scale), "offsets": offsets}
+
+
+def _select(
+    package: "SpecPackage", op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
+    chunk_size: int | None = None, lower_bound: float | None = None,
+) -> str:
+    """The best built variant that honours the request exactly; otherwise a ValueError listing what exists."""
+    dname = DTYPE_NAMES[dtype]
+    same = [
+        (n, v) for n, v in package.variants.items()
+        if v.op == op and v.dtype == dname and v.K == K and v.V == V and v.varlen == varlen
+    ]
+    # a variant built for bound L is safe for every gate >= L, so it serves a promise lower_bound >= L
+    safe = [(n, v) for n, v in same if v.gate_bound is None or (lower_bound is not None and v.gate_bound <= lower_bound)]
+    if not safe:
+        have = sorted({f"{v.op} {v.dtype} K={v.K} V={v.V} {'varlen' if v.varlen else 'dense'}"
+                       + ("" if v.gate_bound is None else f" gate>={v.gate_bound}") for v in package.variants.values()})
+        want = f"{op} {dname} K={K} V={V} {'varlen' if varlen else 'dense'}"
+        extra = "" if lower_bound is None else f" with gates >= {lower_bound}"
+        raise ValueError(
+            f"no built variant of spec {package.name!r} ({package.spec_file}) computes {want}{extra}. Built: "
+            f"{'; '.join(have) or 'none'}. To add it, put head_dims [[{K}, {V}]] / dtype {dname} / varlen "
+            f"{str(varlen).lower()} in a variant group of {package.spec_file} and run `dplr-gen build {package.spec_file}`"
+        )
+
+    def rank(item: tuple[str, Any]) -> tuple[int, int, int, str]:
+        n, v = item
+        return (
+            0 if v.gate_bound is not None else 1,  # bounded variants are the fast path
+            0 if chunk_size is None or v.chunk_size == chunk_size else 1,  # chunk_size only changes rounding
+            0 if v.dot_precision in (None, "ieee") else 1,
+            n,
+        )
+
+    return min(safe, key=rank)[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# custom ops: what torch.compile sees
+
+
+def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
+    from .runtime import all_packages
+
+    package = next(p for p in all_packages() if p.name == pkg)
+    return package.kernel_set(variant, package.target_for(device)), package.variants[variant]
+
+
+@torch.library.custom_op("dplr_gen::chunk_fwd", mutates_args=())
+def _chunk_fwd(
+    pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ks, var = _kernels(pkg, variant, q.device)
+    o, ht, _ = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+    return o, ht
+
+
+@_chunk_fwd.register_fake
+def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
+    return v.new_empty(v.shape), h0.new_empty(h0.shape)
+
+
+@torch.library.custom_op("dplr_gen::chunk_bwd", mutates_args=())
+def _chunk_bwd(
+    pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
+    do: torch.Tensor, dht: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ks, var = _kernels(pkg, variant, q.device)
+    _, _, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+    return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
+
+
+@_chunk_bwd.register_fake
+def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht):  # type: ignore[no-untyped-def]
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, a, b, gk, h0))
+
+
+def _chunk_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs
+    ctx.meta = (pkg, variant, scale)
+    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens)
+
+
+def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
+    pkg, variant, scale = ctx.meta
+    q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
+    grads = _chunk_bwd(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht)
+    return (None, None, *grads, None, None)
+
+
+torch.library.register_autograd("dplr_gen::chunk_fwd", _chunk_backward, setup_context=_chunk_setup)
+
+
+@torch.library.custom_op("dplr_gen::fused_recurrent_fwd", mutates_args=())
+def _fused_fwd(
+    pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ks, var = _kernels(pkg, variant, q.device)
+    return fused_recurrent_driver.fused_recurrent_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+
+
+@_fused_fwd.register_fake
+def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
+    return v.new_empty(v.shape), h0.new_empty(h0.shape)
+
+
+def _fused_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs
+    ctx.meta = (pkg, variant, scale)
+    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens)
+
+
+def _fused_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
+    # The same function's gradient, computed by the package's generic-gate chunk backward.
+    from .runtime import all_packages
+
+    pkg, variant, scale = ctx.meta
+    q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
+    package = next(p for p in all_packages() if p.name == pkg)
+    var = package.variants[variant]
+    chunk = _select(package, "chunk", q.dtype, var.K, var.V, var.varlen)
+    if package.variants[chunk].gate_dtype != var.gate_dtype:
+        raise ValueError(f"backward of {variant} needs a chunk variant with gate dtype {var.gate_dtype}")
+    grads = _chunk_bwd(pkg, chunk, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht)
+    return (None, None, *grads, None, None)
+
+
+torch.library.register_autograd("dplr_gen::fused_recurrent_fwd", _fused_backward, setup_context=_fused_setup)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# public API
+
+
+def _run(
+    op: str, package: "SpecPackage", names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale: Any,
+    initial_state: Any, output_final_state: bool, cu_seqlens: Any, cu_seqlens_cpu: Any = None,
+    chunk_size: int | None = None, lower_bound: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    info = _check_inputs(names, tensors, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
+    if chunk_size is not None and chunk_size not in (16, 32, 64):
+        raise ValueError(f"chunk_size must be 16, 32 or 64 (or None for the spec's choice), got {chunk_size!r}")
+    if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and lower_bound < 0):
+        raise ValueError(f"lower_bound must be a negative float (a promise that gk >= lower_bound) or None, got {lower_bound!r}")
+    q, k, v, a, b, g = tensors
+    variant = _select(package, op, q.dtype, info["K"], info["V"], cu_seqlens is not None, chunk_size, lower_bound)
+    var = package.variants[variant]
+    g = g.to(TORCH_DTYPES[var.gate_dtype])
+    if initial_state is None:
+        h0 = q.new_zeros(info["N"], info["H"], info["K"], info["V"], dtype=torch.float32)
+    else:
+        h0 = initial_state.to(torch.float32)
+    cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
+    args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
+    fwd = _chunk_fwd if op == "chunk" else _fused_fwd
+    o, ht = fwd(package.name, variant, *args, cu, info["scale"])
+    return o, (ht if output_final_state else None)
+
+
+def chunk_dplr_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gk: torch.Tensor,
+    scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", chunk_size: int | None = None,
+    safe_gate: bool = False, lower_bound: float | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
+    disable_recompute: bool = False, **unexpected: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked DPLR delta rule. ``lower_bound`` promises gk >= lower_bound and selects a faster variant built
+    for a bound at or below it; ``chunk_size`` prefers a variant of that chunk (results differ only by
+    rounding); ``safe_gate`` and ``disable_recompute`` are accepted for fla compatibility and change nothing."""
+    if unexpected:
+        raise TypeError(f"chunk_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")
+    return _run("chunk", package, ("q", "k", "v", "a", "b", "gk"), (q, k, v, a, b, gk), scale, initial_state,
+                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound)
+
+
+def chunk_rwkv7(
+    r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    scale: float = 1.0, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", chunk_size: int | None = None,
+    safe_gate: bool = False, lower_bound: float | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
+    disable_recompute: bool = False, **unexpected: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RWKV-7 (r, w, k, v, a, b) over the same recurrence: q = r, gk = w."""
+    if unexpected:
+        raise TypeError(f"chunk_rwkv7 got unexpected keyword argument(s) {sorted(unexpected)}")
+    return _run("chunk", package, ("r", "k", "v", "a", "b", "w"), (r, k, v, a, b, w), scale, initial_state,
+                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound)
+
+
+def fused_recurrent_dplr_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gk: torch.Tensor,
+    scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", **unexpected: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Step-by-step DPLR delta rule for decoding (small T); exact for any gate."""
+    if unexpected:
+        raise TypeError(f"fused_recurrent_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")
+    return _run("fused_recurrent", package, ("q", "k", "v", "a", "b", "gk"), (q, k, v, a, b, gk), scale,
+                initial_state, output_final_state, cu_seqlens)
+
+
+def fused_recurrent_rwkv7(
+    r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    scale: float = 1.0, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", **unexpected: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RWKV-7 argument order over the fused recurrent op."""
+    if unexpected:
+        raise TypeError(f"fused_recurrent_rwkv7 got unexpected keyword argument(s) {sorted(unexpected)}")
+    return _run("fused_recurrent", package, ("r", "k", "v", "a", "b", "w"), (r, k, v, a, b, w), scale,
+                initial_state, output_final_state, cu_seqlens)

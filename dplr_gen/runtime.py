@@ -1,0 +1,234 @@
+"""Run time: find the built package for a device, load a variant's kernels, launch them.
+
+A variant's kernels come from the build's cache entries (no compile, no autotune) when the package was built
+for this Triton release; otherwise Triton's JIT compiles the generated source (forbidden when
+DPLR_GEN_NO_JIT=1, for production). With TRITON_INTERPRET=1 the same kernels run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import cache
+from .compile import import_source
+from .variants import Variant
+
+GENERATED = Path(__file__).resolve().parent.parent / "generated"
+NO_JIT_ENV = "DPLR_GEN_NO_JIT"
+SPEC_ENV = "DPLR_GEN_SPEC"
+
+
+class NotBuiltError(RuntimeError):
+    """The package has no usable kernels for this GPU / Triton and compiling at run time is not allowed."""
+
+
+class UnsupportedDeviceError(RuntimeError):
+    """No target of the spec covers this GPU."""
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_target(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major * 10 + minor}"
+
+
+class KernelSet:
+    """``ks.<kernel>[grid](*runtime_args)``: the constexprs and launch options come from the variant's source."""
+
+    def __init__(self, module: Any, aot: dict[str, Any] | None) -> None:
+        self.module = module
+        self.aot = aot or {}
+
+    def constexprs(self, name: str) -> dict[str, Any]:
+        return dict(self.module.CONSTEXPRS[name])
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name not in self.module.SIGNATURES:
+            raise AttributeError(name)
+        if name in self.aot:
+            return self.aot[name]
+        fn = getattr(self.module, name)
+        consts, launch = self.module.CONSTEXPRS[name], self.module.LAUNCH[name]
+
+        class _Jit:
+            def __getitem__(self, grid: Any) -> Callable[..., Any]:
+                return lambda *args: fn[grid](*args, **consts, **launch)
+
+        return _Jit()
+
+
+class SpecPackage:
+    """One generated/<spec>/ folder: its index, its manifest, and the kernel sets it can provide."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.index: dict[str, Any] = json.loads((directory / "index.json").read_text())
+        self.name: str = self.index["spec"]
+        self.targets: list[str] = self.index["targets"]
+        self.variants: dict[str, Variant] = {
+            name: Variant(**entry["params"]) for name, entry in self.index["variants"].items()
+        }
+        self._kernel_sets: dict[tuple[str, str], KernelSet] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def variant_names(self) -> list[str]:
+        return sorted(self.variants)
+
+    @property
+    def spec_file(self) -> str:
+        return self.index.get("spec_file", f"specs/{self.name}.yaml")
+
+    def manifest(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.dir / "manifest.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def target_for(self, device: torch.device) -> str:
+        if device.type == "cpu":
+            if not interpreting():
+                raise UnsupportedDeviceError(
+                    "dplr-gen kernels run on CUDA tensors; for CPU tensors set TRITON_INTERPRET=1 (slow, for tests)"
+                )
+            return self.targets[0]
+        if device.type != "cuda":
+            raise UnsupportedDeviceError(f"dplr-gen kernels run on CUDA devices, got a tensor on {device}")
+        target = device_target(device)
+        if target not in self.targets:
+            gpu = torch.cuda.get_device_name(device)
+            raise UnsupportedDeviceError(
+                f"this GPU ({gpu}, {target}) is not a target of spec {self.name!r} ({self.spec_file}), which "
+                f"targets {', '.join(self.targets)}. Add {target} to its targets, or write specs/<arch>.yaml "
+                f"with `targets: [{target}]` (and an arch profile in dplr_gen/data/arches.yaml if it is new), "
+                "then run `dplr-gen build` on it"
+            )
+        return target
+
+    def kernel_set(self, variant: str, target: str) -> KernelSet:
+        key = (variant, target)
+        with self._lock:
+            if key not in self._kernel_sets:
+                self._kernel_sets[key] = self._load(variant, target)
+            return self._kernel_sets[key]
+
+    def _load(self, variant: str, target: str) -> KernelSet:
+        entry = self.index["variants"][variant]["targets"][target]
+        module = import_source(self.dir / entry["source"], f"dplr_gen_kernels.{self.name}.{entry['unit']}")
+        if interpreting():
+            return KernelSet(module, None)
+        aot, why = self._load_aot(module, entry["unit"])
+        if aot is not None:
+            return KernelSet(module, aot)
+        if os.environ.get(NO_JIT_ENV, "0") not in ("", "0"):
+            raise NotBuiltError(
+                f"{entry['unit']} of spec {self.name!r} has no compiled kernels to load ({why}) and "
+                f"{NO_JIT_ENV}=1 forbids compiling at run time; run `dplr-gen build {self.spec_file}` with the "
+                "Triton release this process uses"
+            )
+        warnings.warn(
+            f"dplr-gen: {entry['unit']}: {why}; compiling with Triton's JIT instead "
+            f"(run `dplr-gen build {self.spec_file}` to load prebuilt kernels)",
+            stacklevel=3,
+        )
+        return KernelSet(module, None)
+
+    def _load_aot(self, module: Any, unit: str) -> tuple[dict[str, Any] | None, str]:
+        from . import triton_compat
+
+        manifest = self.manifest()
+        if manifest is None:
+            return None, "the package has not been built on this machine (no manifest.json)"
+        installed = str(triton_compat.triton_version())
+        if manifest["triton_version"] != installed:
+            return None, f"it was built with Triton {manifest['triton_version']}, this process has {installed}"
+        if unit not in manifest["units"]:
+            return None, "the last build did not produce it"
+        out: dict[str, Any] = {}
+        root = Path(manifest.get("cache_root") or cache.cache_root())
+        for rec in manifest["units"][unit]["kernels"]:
+            name = rec["kernel"]
+            meta = cache.read_entry(rec["key"], installed, root)
+            if meta is None:
+                return None, f"its cache entry for {name} is missing under {root}"
+            out[name] = triton_compat.load_kernel(
+                getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
+                cache.entry_dir(rec["key"], installed, root), meta["triton_metadata"].get("hash", rec["key"]),
+            )
+        return out, ""
+
+    def __getattr__(self, name: str) -> Any:
+        from . import ops
+
+        if name in ops.OP_NAMES:
+            return functools.partial(getattr(ops, name), package=self)
+        raise AttributeError(name)
+
+
+@functools.cache
+def _package_at(directory: str) -> SpecPackage:
+    return SpecPackage(Path(directory))
+
+
+def load_package(module_name: str, init_file: str) -> SpecPackage:
+    """Called by generated/<spec>/__init__.py."""
+    return _package_at(str(Path(init_file).resolve().parent))
+
+
+def all_packages(root: Path = GENERATED) -> list[SpecPackage]:
+    return [_package_at(str(p.parent)) for p in sorted(root.glob("*/index.json"))]
+
+
+class _Dispatcher:
+    """``dplr_gen.<op>``: picks, per call, the built package whose targets cover the inputs' device."""
+
+    def package_for(self, device: torch.device) -> SpecPackage:
+        pkgs = all_packages()
+        if not pkgs:
+            raise NotBuiltError("no built spec under generated/: run `dplr-gen build specs/<arch>.yaml` first")
+        wanted = os.environ.get(SPEC_ENV)
+        if wanted:
+            named = [p for p in pkgs if p.name == wanted]
+            if not named:
+                raise NotBuiltError(f"{SPEC_ENV}={wanted!r}: built specs are {', '.join(p.name for p in pkgs)}")
+            return named[0]
+        if device.type == "cuda":
+            target = device_target(device)
+            for p in pkgs:
+                if target in p.targets:
+                    return p
+            raise UnsupportedDeviceError(
+                f"no built spec covers this GPU ({torch.cuda.get_device_name(device)}, {target}); built: "
+                + "; ".join(f"{p.name} -> {', '.join(p.targets)}" for p in pkgs)
+                + f". Write specs/<arch>.yaml with `targets: [{target}]` and run `dplr-gen build` on it"
+            )
+        return next((p for p in pkgs if p.name == "ampere"), pkgs[0])
+
+    def __getattr__(self, name: str) -> Any:
+        from . import ops
+
+        if name not in ops.OP_NAMES:
+            raise AttributeError(name)
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            q = args[0] if args else next(iter(kwargs.values()))
+            return getattr(ops, name)(*args, package=self.package_for(q.device), **kwargs)
+
+        op.__name__ = name
+        return op
+
+
+@functools.cache
+def default_package() -> _Dispatcher:
+    return _Dispatcher()

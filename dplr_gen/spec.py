@@ -1,0 +1,129 @@
+"""Spec models: what a ``specs/*.yaml`` file may say, validated strictly (unknown keys are errors)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .arch import UnknownArchError, get_arch
+
+DType = Literal["bf16", "fp16", "fp32"]
+Op = Literal["chunk", "fused_recurrent"]
+ChunkSize = Literal[16, 32, 64]
+HeadDim = Annotated[int, Field(ge=16, le=256)]
+
+# Stages (one kernel each) that tuning may name, per op; templates read knobs by these names.
+STAGES: dict[str, tuple[str, ...]] = {
+    "fused_recurrent": ("fwd",),
+    "chunk": ("fwd", "bwd"),
+}
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be used; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Knobs(_Strict):
+    """Per-stage tuning; None means the arch-derived default."""
+
+    block_k: int | None = Field(None, ge=16, le=256)
+    block_v: int | None = Field(None, ge=16, le=256)
+    num_warps: Literal[1, 2, 4, 8, 16] | None = None
+    num_stages: int | None = Field(None, ge=1, le=8)
+
+    @field_validator("block_k", "block_v")
+    @classmethod
+    def _pow2(cls, x: int | None) -> int | None:
+        if x is not None and x & (x - 1):
+            raise ValueError(f"block sizes must be powers of two (16..256), got {x}")
+        return x
+
+
+class VariantAxes(_Strict):
+    """One group of axes; the variants are their cross product (then filtered, with reasons)."""
+
+    ops: list[Op] = Field(default_factory=lambda: ["chunk", "fused_recurrent"], min_length=1)
+    dtypes: list[DType] = Field(min_length=1)
+    # an int means K = V; a pair is [K, V]
+    head_dims: list[HeadDim | tuple[HeadDim, HeadDim]] = Field(min_length=1)
+    chunk_sizes: list[ChunkSize] = Field(default_factory=lambda: [64], min_length=1)
+    varlen: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
+    # None: generic gate, safe for any gk <= 0 (gk = -inf included). A float L < 0: gk >= L is promised
+    # (RWKV-7: -0.6065), which licenses factored exponents and tensor-core dots.
+    gate_bounds: list[Annotated[float, Field(lt=0, ge=-20)] | None] = Field(default_factory=lambda: [None])
+    # "same": gk is read in the input dtype; "fp32": gk is kept in float32 (fla allows fp32 gk with bf16 inputs)
+    gate_dtype: Literal["same", "fp32"] = "fp32"
+    state_dtype: Literal["fp32"] = "fp32"
+    # precision of float32 dots; ignored for bf16/fp16 variants
+    dot_precisions: list[Literal["ieee", "tf32"]] = Field(default_factory=lambda: ["ieee"], min_length=1)
+
+
+class Spec(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="package name under generated/")
+    description: str = ""
+    targets: list[str] = Field(min_length=1)
+    variants: list[VariantAxes] = Field(min_length=1)
+    # "op.stage" -> knobs, for every target; target_tuning[target]["op.stage"] overrides per target
+    tuning: dict[str, Knobs] = Field(default_factory=dict)
+    target_tuning: dict[str, dict[str, Knobs]] = Field(default_factory=dict)
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, targets: list[str]) -> list[str]:
+        for t in targets:
+            try:
+                get_arch(t)
+            except UnknownArchError as e:
+                raise ValueError(str(e)) from None
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"targets repeat: {targets}")
+        return targets
+
+    @model_validator(mode="after")
+    def _known_stages(self) -> "Spec":
+        known = [f"{op}.{st}" for op, sts in STAGES.items() for st in sts]
+        tables = [("tuning", self.tuning)] + [
+            (f"target_tuning.{t}", tab) for t, tab in self.target_tuning.items()
+        ]
+        for where, table in tables:
+            for key in table:
+                if key not in known:
+                    raise ValueError(f"{where}: unknown stage {key!r}; stages are {', '.join(known)}")
+        for t in self.target_tuning:
+            if t not in self.targets:
+                raise ValueError(f"target_tuning names {t!r}, which is not in targets {self.targets}")
+        return self
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file; every problem is a SpecError naming the file and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such spec file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: a spec is a mapping with keys name, targets, variants (got {type(raw).__name__})")
+    raw.setdefault("name", re.sub(r"[^a-z0-9_]", "_", path.stem.lower()))
+    try:
+        return Spec.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"{path}: invalid spec"]
+        for err in e.errors():
+            got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+            lines.append(f"  {_field_path(err['loc'])}: {err['msg']}{got}")
+        raise SpecError("\n".join(lines)) from None

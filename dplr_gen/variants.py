@@ -1,0 +1,169 @@
+"""Spec -> variants -> build units: cross product of the axes, then filters that record why a combination
+was dropped, then one unit per (variant, target) with its flags and resolved tuning knobs."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.version import Version
+
+from . import quirks as quirk_registry
+from .arch import ArchProfile, get_arch
+from .spec import STAGES, Knobs, Spec, VariantAxes
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel family instance; its name spells out every parameter."""
+
+    op: str
+    dtype: str
+    gate_dtype: str
+    K: int
+    V: int
+    chunk_size: int | None  # None for the fused recurrent op
+    varlen: bool
+    gate_bound: float | None  # None: generic gate
+    state_dtype: str
+    dot_precision: str | None  # only for fp32
+
+    @property
+    def name(self) -> str:
+        parts = [self.op, self.dtype, f"k{self.K}", f"v{self.V}"]
+        if self.chunk_size is not None:
+            parts.append(f"c{self.chunk_size}")
+        parts.append("varlen" if self.varlen else "dense")
+        parts.append("gany" if self.gate_bound is None else f"gb{_fmt_bound(self.gate_bound)}")
+        parts.append(f"g{self.gate_dtype}")
+        parts.append(f"s{self.state_dtype}")
+        if self.dot_precision is not None:
+            parts.append(self.dot_precision)
+        return "_".join(parts)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "op": self.op, "dtype": self.dtype, "gate_dtype": self.gate_dtype, "K": self.K, "V": self.V,
+            "chunk_size": self.chunk_size, "varlen": self.varlen, "gate_bound": self.gate_bound,
+            "state_dtype": self.state_dtype, "dot_precision": self.dot_precision,
+        }
+
+
+def _fmt_bound(x: float) -> str:
+    # -0.6065 -> "m0p6065": a name-safe spelling that keeps every digit
+    return ("m" if x < 0 else "") + repr(abs(x)).replace(".", "p")
+
+
+@dataclass(frozen=True)
+class Filtered:
+    what: str
+    reason: str
+
+
+def _axes_product(axes: VariantAxes) -> list[Variant]:
+    out: list[Variant] = []
+    for op, dtype, hd, cs, vl, gb, dp in itertools.product(
+        axes.ops, axes.dtypes, axes.head_dims, axes.chunk_sizes, axes.varlen, axes.gate_bounds,
+        axes.dot_precisions,
+    ):
+        K, V = (hd, hd) if isinstance(hd, int) else hd
+        out.append(
+            Variant(
+                op=op, dtype=dtype, gate_dtype=dtype if axes.gate_dtype == "same" else "fp32", K=K, V=V,
+                # axes that do not apply collapse, so the cross product does not repeat a variant
+                chunk_size=cs if op == "chunk" else None,
+                varlen=vl, gate_bound=gb, state_dtype=axes.state_dtype,
+                dot_precision=dp if dtype == "fp32" else None,
+            )
+        )
+    return out
+
+
+# Each rule: (predicate, reason). A variant matching a predicate is dropped with that reason.
+_RULES: list[tuple[Any, str]] = [
+    (
+        lambda v: v.op == "chunk" and v.gate_bound is None and v.chunk_size != 16,
+        "a generic gate (no lower bound) is computed with exact per-element decays, built at chunk 16 only",
+    ),
+    (
+        lambda v: v.op == "chunk" and v.gate_bound is not None and v.chunk_size * -v.gate_bound / 2 > 30,
+        "chunk_size * |gate_bound| / 2 exceeds 30: factored exponents could overflow; use a smaller chunk",
+    ),
+    (
+        lambda v: v.op == "fused_recurrent" and v.gate_bound is not None,
+        "the fused recurrent op handles any gate exactly; a bound adds nothing",
+    ),
+]
+
+
+def expand(spec: Spec) -> tuple[list[Variant], list[Filtered]]:
+    """All variants of a spec in a stable order, and what was filtered out with the reason."""
+    seen: dict[str, Variant] = {}
+    filtered: dict[str, Filtered] = {}
+    for axes in spec.variants:
+        for v in _axes_product(axes):
+            if v.name in seen or v.name in filtered:
+                continue
+            reason = next((r for pred, r in _RULES if pred(v)), None)
+            if reason is None:
+                seen[v.name] = v
+            else:
+                filtered[v.name] = Filtered(v.name, reason)
+    return sorted(seen.values(), key=lambda v: v.name), sorted(filtered.values(), key=lambda f: f.what)
+
+
+@dataclass(frozen=True)
+class BuildUnit:
+    """One variant rendered for one target: a source file, compiled once per kernel."""
+
+    variant: Variant
+    arch: ArchProfile
+    flags: dict[str, bool]
+    tune: dict[str, Knobs]  # stage -> fully resolved knobs
+    quirks: tuple[str, ...] = field(default=())
+
+    @property
+    def target(self) -> str:
+        return self.arch.target
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}__{self.target}"
+
+
+def _resolve_knobs(spec: Spec, arch: ArchProfile, op: str, limits: dict[str, Any]) -> dict[str, Knobs]:
+    out: dict[str, Knobs] = {}
+    for stage in STAGES[op]:
+        key = f"{op}.{stage}"
+        merged: dict[str, Any] = {"num_warps": arch.defaults.num_warps, "num_stages": arch.defaults.num_stages}
+        for table in (spec.tuning, spec.target_tuning.get(arch.target, {})):
+            if key in table:
+                merged.update(table[key].model_dump(exclude_none=True))
+        if "max_num_warps" in limits:
+            merged["num_warps"] = min(merged["num_warps"], limits["max_num_warps"])
+        out[stage] = Knobs(**merged)
+    return out
+
+
+def build_units(
+    spec: Spec, triton_version: Version
+) -> tuple[list[BuildUnit], list[Filtered]]:
+    """Every (variant, target) to build under ``triton_version``, and the pairs refused with the reason."""
+    variants, filtered = expand(spec)
+    units: list[BuildUnit] = []
+    refused: list[Filtered] = list(filtered)
+    for target in spec.targets:
+        arch = get_arch(target)
+        flags, limits, applied, refusal = quirk_registry.arch_flags(arch.cc, triton_version, arch.base_flags())
+        for v in variants:
+            what = f"{v.name}__{target}"
+            if refusal is not None:
+                refused.append(Filtered(what, refusal))
+            elif v.dtype not in arch.dtypes:
+                refused.append(Filtered(what, f"{target} has no {v.dtype} support ({arch.name})"))
+            else:
+                units.append(
+                    BuildUnit(v, arch, dict(flags), _resolve_knobs(spec, arch, v.op, limits), tuple(applied))
+                )
+    return units, refused
