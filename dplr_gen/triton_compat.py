@@ -40,17 +40,18 @@ from packaging.version import Version
 MIN_TRITON = Version("3.1.0")
 MAX_TESTED_TRITON = Version("3.9.0")
 
-# arch -> first Triton release that can compile for it without aborting the process.
-# 3.1/3.2 abort (SIGABRT, uncatchable) when asked for sm_100; sm_120 compiles non-dot kernels on 3.2
-# but every tensor-core dot asserts there (that refusal lives in quirks.yaml, it is kernel-dependent).
+# arch -> first Triton release that can compile for it. Seen with 3.1.0 and 3.2.0: for sm_100 and sm_120
+# any tl.dot aborts the process (AccelerateMatmul.cpp "computeCapability not supported", SIGABRT) and a
+# dot-free kernel fails in ptxas ("Value 'sm_100' is not defined for option 'gpu-name'").
 KNOWN_ARCHS: dict[int, Version] = {
+    75: Version("3.1.0"),
     80: Version("3.1.0"),
     86: Version("3.1.0"),
     87: Version("3.1.0"),
     89: Version("3.1.0"),
     90: Version("3.1.0"),
     100: Version("3.3.0"),
-    120: Version("3.1.0"),
+    120: Version("3.3.0"),
 }
 
 # File name extensions Triton writes into its cache group for one CUDA kernel.
@@ -248,6 +249,21 @@ def private_triton_cache() -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _cache_group_files(ck: Any, cache_dir: Path, stem: str) -> dict[str, bytes]:
+    """The kernel's artifacts as Triton named them in its cache group.
+
+    ``CompiledKernel.metadata_group`` exists from 3.2; on 3.1 we read the (private, fresh) cache folder.
+    """
+    group = getattr(ck, "metadata_group", None)
+    if group:
+        return {Path(p).name: Path(p).read_bytes() for p in group.values()}
+    metas = [p for p in cache_dir.rglob(f"{stem}.json")]
+    if len(metas) != 1:
+        raise RuntimeError(f"expected one {stem}.json in the private Triton cache, found {len(metas)}")
+    return {f"{stem}.{ext}": (metas[0].parent / f"{stem}.{ext}").read_bytes() for ext in _ARTIFACT_EXTS
+            if (metas[0].parent / f"{stem}.{ext}").is_file()}
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
@@ -285,10 +301,10 @@ def compile_kernel(
                       divisible_args=divisible_args)
     options = {"num_warps": int(num_warps), "num_stages": int(num_stages), **dict(extra_options or {})}
     t0 = time.perf_counter()
-    with private_triton_cache():
+    with private_triton_cache() as cache_dir:
         ck = triton.compile(src, target=GPUTarget("cuda", int(arch), 32), options=options)
         # read while the cache folder still exists
-        files = {Path(p).name: Path(p).read_bytes() for p in ck.metadata_group.values()}
+        files = _cache_group_files(ck, cache_dir, src.name[:150])
     seconds = time.perf_counter() - t0
     name = ck.metadata.name
     meta_name = next(n for n in files if n.endswith(".json"))
