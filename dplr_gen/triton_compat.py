@@ -264,6 +264,30 @@ def _cache_group_files(ck: Any, cache_dir: Path, stem: str) -> dict[str, bytes]:
             if (metas[0].parent / f"{stem}.{ext}").is_file()}
 
 
+@contextlib.contextmanager
+def without_interpreter() -> Iterator[None]:
+    """Unset ``TRITON_INTERPRET`` for the duration: import kernel modules meant for AOT compiles inside it.
+
+    ``@triton.jit`` reads the variable when a kernel is *defined* and then builds an interpreter-only
+    object that ``triton.compile`` cannot take.
+    """
+    old = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        yield
+    finally:
+        if old is not None:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def _check_compilable(fn: Any) -> None:
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(fn, JITFunction):
+        hint = (" (it was defined while TRITON_INTERPRET=1: import its module inside "
+                "triton_compat.without_interpreter())" if type(fn).__name__ == "InterpretedFunction" else "")
+        raise TypeError(f"{getattr(fn, '__name__', fn)!r} is not a @triton.jit kernel Triton can compile{hint}")
+
+
 def _jsonable(v: Any) -> Any:
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
@@ -297,6 +321,7 @@ def compile_kernel(
     ok, why = can_target(arch)
     if not ok:
         raise TargetUnsupported(why)
+    _check_compilable(fn)
     src = make_source(fn, signature, constexprs, pointer_divisibility=pointer_divisibility,
                       divisible_args=divisible_args)
     options = {"num_warps": int(num_warps), "num_stages": int(num_stages), **dict(extra_options or {})}
@@ -611,7 +636,8 @@ def probe_module() -> Any:
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+    with without_interpreter():  # probes are for compiling, even inside an interpreter test session
+        spec.loader.exec_module(mod)
     return mod
 
 
