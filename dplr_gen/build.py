@@ -51,7 +51,8 @@ class Plan:
         return hashlib.sha256(self.files[INDEX].encode()).hexdigest()[:16]
 
 
-def plan(spec_path: str | Path, out_root: Path = GENERATED, triton_version: Version | None = None) -> Plan:
+def plan(spec_path: str | Path, out_root: Path | None = None, triton_version: Version | None = None) -> Plan:
+    out_root = GENERATED if out_root is None else out_root
     spec_path = Path(spec_path)
     spec = load_spec(spec_path)
     tv = triton_version or installed_triton()
@@ -163,7 +164,7 @@ def build(
     spec_path: str | Path,
     jobs: int = 2,
     force: bool = False,
-    out_root: Path = GENERATED,
+    out_root: Path | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> BuildReport:
     t0 = time.perf_counter()

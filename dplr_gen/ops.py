@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from . import chunk_driver, fused_recurrent_driver
+from . import fused_recurrent_driver
 
 if TYPE_CHECKING:
     from .runtime import SpecPackage
@@ -148,9 +148,9 @@ def _select(
 
 
 def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
-    from .runtime import all_packages
+    from .runtime import package_at
 
-    package = next(p for p in all_packages() if p.name == pkg)
+    package = package_at(pkg)
     return package.kernel_set(variant, package.target_for(device)), package.variants[variant]
 
 
@@ -159,6 +159,8 @@ def _chunk_fwd(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import chunk_driver
+
     ks, var = _kernels(pkg, variant, q.device)
     o, ht, _ = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
     return o, ht
@@ -175,6 +177,8 @@ def _chunk_bwd(
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
     do: torch.Tensor, dht: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from . import chunk_driver
+
     ks, var = _kernels(pkg, variant, q.device)
     _, _, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
     return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
@@ -223,11 +227,11 @@ def _fused_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 def _fused_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
     # The same function's gradient, computed by the package's generic-gate chunk backward.
-    from .runtime import all_packages
+    from .runtime import package_at
 
     pkg, variant, scale = ctx.meta
     q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
-    package = next(p for p in all_packages() if p.name == pkg)
+    package = package_at(pkg)
     var = package.variants[variant]
     chunk = _select(package, "chunk", q.dtype, var.K, var.V, var.varlen)
     if package.variants[chunk].gate_dtype != var.gate_dtype:
@@ -264,7 +268,8 @@ def _run(
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     fwd = _chunk_fwd if op == "chunk" else _fused_fwd
-    o, ht = fwd(package.name, variant, *args, cu, info["scale"])
+    # the package travels as its folder path: custom ops take plain strings, and paths are unique
+    o, ht = fwd(str(package.dir), variant, *args, cu, info["scale"])
     return o, (ht if output_final_state else None)
 
 

@@ -181,13 +181,18 @@ def _package_at(directory: str) -> SpecPackage:
     return SpecPackage(Path(directory))
 
 
+def package_at(directory: str | Path) -> SpecPackage:
+    """The package in a generated folder (one object per folder per process)."""
+    return _package_at(str(Path(directory).resolve()))
+
+
 def load_package(module_name: str, init_file: str) -> SpecPackage:
     """Called by generated/<spec>/__init__.py."""
-    return _package_at(str(Path(init_file).resolve().parent))
+    return package_at(Path(init_file).parent)
 
 
 def all_packages(root: Path = GENERATED) -> list[SpecPackage]:
-    return [_package_at(str(p.parent)) for p in sorted(root.glob("*/index.json"))]
+    return [package_at(p.parent) for p in sorted(root.glob("*/index.json"))]
 
 
 class _Dispatcher:

@@ -1,0 +1,38 @@
+"""Shared test helpers: render a spec into a private package, run ops, compare with the float64 reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dplr_gen import build as b
+from dplr_gen.reference import naive_dplr_delta_rule
+from dplr_gen.runtime import SpecPackage, package_at
+
+
+def render_package(tmp_root: Path, spec_text: str, name: str) -> SpecPackage:
+    """Render (no compile: the interpreter runs the source) a spec into tmp_root/<name>/."""
+    spec = tmp_root / f"{name}.yaml"
+    spec.write_text(spec_text)
+    p = b.plan(spec, tmp_root)
+    b.write_package(p)
+    return package_at(p.out_dir)
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    return t.fill_(float("nan"))
+
+
+def reference_with_grads(
+    inputs: dict[str, Any], scale: float | None, cu_seqlens: torch.Tensor | None, do: torch.Tensor,
+    dht: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """float64 forward and the gradients of <o, do> + <ht, dht> w.r.t. every input."""
+    x64 = {n: t.detach().double().requires_grad_(True) for n, t in inputs.items() if t is not None}
+    o, ht = naive_dplr_delta_rule(**x64, scale=scale, output_final_state=True, cu_seqlens=cu_seqlens)
+    loss = (o * do.double()).sum() + (ht * dht.double()).sum()
+    names = list(x64)
+    grads = torch.autograd.grad(loss, [x64[n] for n in names])
+    return o.detach(), ht.detach(), dict(zip(names, grads))

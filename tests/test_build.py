@@ -1,0 +1,174 @@
+"""Ahead-of-time build: rendering is deterministic, compiles run in subprocesses, the cache and manifest are
+consistent, a rebuild is free, concurrent builds agree, and compiler failures become clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from dplr_gen import build as b
+from dplr_gen import cache
+from dplr_gen.compile import CompileJob, run_in_subprocess
+
+SMALL = """
+name: small
+targets: [sm_80, sm_90]
+variants:
+  - ops: [fused_recurrent]
+    dtypes: [bf16]
+    head_dims: [64]
+    varlen: [false, true]
+"""
+
+
+@pytest.fixture()
+def small_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DPLR_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    p = tmp_path / "small.yaml"
+    p.write_text(SMALL)
+    return p
+
+
+def test_render_is_deterministic(small_spec: Path, tmp_path: Path) -> None:
+    p1 = b.plan(small_spec, tmp_path / "g1")
+    p2 = b.plan(small_spec, tmp_path / "g2")
+    assert p1.files == p2.files
+    assert len(p1.units) == 4  # 2 variants x 2 targets
+    for rel, text in p1.files.items():
+        if rel.endswith(".py") and "/" in rel:
+            assert "Do not edit" in text.splitlines()[0]
+            compile(text, rel, "exec")  # valid Python
+
+
+def test_build_then_noop_rebuild(small_spec: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gen"
+    report = b.build(small_spec, jobs=2, out_root=out)
+    assert not report.failures, [f.error for f in report.failures]
+    assert report.kernels == 4
+    manifest = json.loads((out / "small" / "manifest.json").read_text())
+    assert set(manifest["units"]) == {u.name for u in b.plan(small_spec, out).units}
+    for unit in manifest["units"].values():
+        for k in unit["kernels"]:
+            meta = cache.read_entry(k["key"], manifest["triton_version"])
+            assert meta is not None and meta["shared"] == k["shared"]
+            files = os.listdir(cache.entry_dir(k["key"], manifest["triton_version"]))
+            assert any(f.endswith(".cubin") for f in files) and any(f.endswith(".ttgir") for f in files)
+    t0 = time.perf_counter()
+    again = b.build(small_spec, jobs=2, out_root=out)
+    assert again.up_to_date and not again.outcomes
+    assert time.perf_counter() - t0 < 2.0
+    assert b.stale_files(b.plan(small_spec, out)) == []
+
+
+def test_lost_cache_entry_is_rebuilt(small_spec: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gen"
+    b.build(small_spec, jobs=2, out_root=out)
+    manifest = json.loads((out / "small" / "manifest.json").read_text())
+    key = next(iter(manifest["units"].values()))["kernels"][0]["key"]
+    (cache.entry_dir(key, manifest["triton_version"]) / cache.META).unlink()  # as if killed mid-write
+    report = b.build(small_spec, jobs=2, out_root=out)
+    assert not report.up_to_date and not report.failures
+    assert cache.read_entry(key, manifest["triton_version"]) is not None
+
+
+def test_two_builds_at_once(small_spec: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gen"
+    env = dict(os.environ)
+    cmd = [sys.executable, "-c", f"from dplr_gen import build as b; from pathlib import Path; "
+           f"r = b.build({str(small_spec)!r}, jobs=1, out_root=Path({str(out)!r})); "
+           "raise SystemExit(1 if r.failures else 0)"]
+    procs = [subprocess.Popen(cmd, env=env) for _ in range(2)]
+    assert [p.wait(timeout=600) for p in procs] == [0, 0]
+    manifest = json.loads((out / "small" / "manifest.json").read_text())
+    assert not manifest["failures"] and len(manifest["units"]) == 4
+    assert b.build(small_spec, out_root=out).up_to_date
+
+
+def test_changed_template_context_marks_stale(small_spec: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gen"
+    p = b.plan(small_spec, out)
+    b.write_package(p)
+    assert b.stale_files(p) == []
+    victim = out / "small" / next(iter(p.unit_files.values()))
+    victim.write_text(victim.read_text() + "# edited\n")
+    (out / "small" / "leftover.py").write_text("")
+    stale = b.stale_files(p)
+    assert str(victim.relative_to(out / "small")) in stale and "leftover.py" in stale
+
+
+PLANTED = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chained(q, k, v, w, o, BT: tl.constexpr, D: tl.constexpr):
+    # chunk-style: a dot result feeds two more dots and is added to the last one's result
+    r = tl.arange(0, BT)
+    c = tl.arange(0, D)
+    bq = tl.load(q + r[:, None] * D + c[None, :])
+    bk = tl.load(k + r[:, None] * D + c[None, :])
+    bv = tl.load(v + r[:, None] * D + c[None, :])
+    bw = tl.load(w + r[:, None] * D + c[None, :])
+    s = tl.dot(bq, tl.trans(bk))
+    s = tl.where(r[:, None] >= r[None, :], s, 0.0)
+    p = tl.dot(s.to(tl.bfloat16), bv, tl.dot(bw, bv))
+    x = tl.dot(p.to(tl.bfloat16), tl.trans(bw)) + s
+    tl.store(o + r[:, None] * D + c[None, :], x)
+
+
+SIGNATURES = {"chained": {"q": "*bf16", "k": "*bf16", "v": "*bf16", "w": "*bf16", "o": "*fp32"}}
+CONSTEXPRS = {"chained": {"BT": 64, "D": 64}}
+LAUNCH = {"chained": {"num_warps": %d, "num_stages": 2}}
+'''
+
+
+def _planted_job(tmp_path: Path, warps: int, target: str, cc: int) -> CompileJob:
+    src = tmp_path / f"planted_{warps}_{cc}.py"
+    src.write_text(PLANTED % warps)
+    return CompileJob(
+        unit=f"planted_w{warps}", source=str(src), source_hash=f"planted{warps}", target=target, cc=cc,
+        smem_limit=232448, check_mma=cc >= 90, triton_version=str(b.installed_triton()),
+        cache_root=str(tmp_path / "cache"),
+    )
+
+
+def test_planted_mma_conversion_is_flagged(tmp_path: Path) -> None:
+    bad = run_in_subprocess(_planted_job(tmp_path, 8, "sm_90", 90))
+    assert not bad.ok
+    assert "MMA layouts" in bad.error and "chained" in bad.error
+    good = run_in_subprocess(_planted_job(tmp_path, 8, "sm_80", 80))
+    assert good.ok, good.error
+
+
+def test_shared_memory_limit_is_enforced(tmp_path: Path) -> None:
+    job = _planted_job(tmp_path, 4, "sm_80", 80)
+    job.smem_limit = 1024
+    res = run_in_subprocess(job)
+    assert not res.ok and "shared memory" in res.error and "sm_80" in res.error
+
+
+def test_compiler_crash_is_reported_not_fatal(tmp_path: Path) -> None:
+    src = tmp_path / "crash.py"
+    src.write_text("import os\nos.abort()\n")
+    job = CompileJob(unit="crashy", source=str(src), source_hash="x", target="sm_90", cc=90, smem_limit=1,
+                     check_mma=True, triton_version="3.6.0", cache_root=str(tmp_path / "c"))
+    res = run_in_subprocess(job)
+    assert not res.ok
+    assert "SIGABRT" in res.error and "crashy" in res.error and "sm_90" in res.error and "3.6.0" in res.error
+
+
+def test_python_compile_error_is_reported(tmp_path: Path) -> None:
+    src = tmp_path / "bad.py"
+    src.write_text(PLANTED.replace("tl.dot(bq", "tl.dot(bq[:, :, None]") % 4)
+    job = _planted_job(tmp_path, 4, "sm_80", 80)
+    job.source = str(src)
+    res = run_in_subprocess(job)
+    assert not res.ok and "failed" in res.error and "sm_80" in res.error

@@ -1,0 +1,113 @@
+"""Spec models: expansion, filters with reasons, and errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from dplr_gen.spec import SpecError, load_spec
+from dplr_gen.variants import build_units, expand
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+GOOD = """
+name: t
+targets: [sm_80, sm_90]
+variants:
+  - ops: [chunk, fused_recurrent]
+    dtypes: [bf16, fp32]
+    head_dims: [64, [60, 100]]
+    chunk_sizes: [16, 64]
+    varlen: [false]
+    gate_bounds: [null, -0.6065]
+    dot_precisions: [ieee, tf32]
+"""
+
+
+def test_cross_product_collapses_and_filters(tmp_path: Path) -> None:
+    variants, filtered = expand(load_spec(write(tmp_path, GOOD)))
+    names = [v.name for v in variants]
+    assert len(names) == len(set(names))
+    # fused_recurrent has no chunk axis: one per (dtype, dims, gate=None, precision)
+    fr = [v for v in variants if v.op == "fused_recurrent"]
+    assert {v.chunk_size for v in fr} == {None}
+    assert all(v.gate_bound is None for v in fr)
+    # dot precision only exists for fp32
+    assert {v.dot_precision for v in variants if v.dtype == "bf16"} == {None}
+    assert {v.dot_precision for v in variants if v.dtype == "fp32"} == {"ieee", "tf32"}
+    # generic gate only at chunk 16, with the reason recorded
+    assert not [v for v in variants if v.op == "chunk" and v.gate_bound is None and v.chunk_size != 16]
+    assert any("chunk 16" in f.reason for f in filtered)
+    assert any(v.K == 60 and v.V == 100 for v in variants)
+
+
+def test_names_spell_every_parameter(tmp_path: Path) -> None:
+    variants, _ = expand(load_spec(write(tmp_path, GOOD)))
+    v = next(v for v in variants if v.op == "chunk" and v.gate_bound == -0.6065 and v.dtype == "fp32"
+             and v.K == 60 and v.dot_precision == "tf32" and v.chunk_size == 64)
+    assert v.name == "chunk_fp32_k60_v100_c64_dense_gbm0p6065_gfp32_sfp32_tf32"
+
+
+def test_units_per_target_carry_flags(tmp_path: Path) -> None:
+    units, _ = build_units(load_spec(write(tmp_path, GOOD)), Version("3.6.0"))
+    by_target = {u.target: u for u in units}
+    assert by_target["sm_90"].flags["no_mma_chaining"] is True
+    assert by_target["sm_80"].flags["no_mma_chaining"] is False
+    assert all(k.num_warps and k.num_stages for u in units for k in u.tune.values())
+
+
+def test_old_triton_limits_warps_on_hopper(tmp_path: Path) -> None:
+    text = GOOD + "tuning:\n  chunk.fwd: {num_warps: 8}\n"
+    units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.1.0"))
+    hopper = [u for u in units if u.target == "sm_90" and u.variant.op == "chunk"]
+    assert hopper and all(u.tune["fwd"].num_warps <= 4 for u in hopper)
+    assert all(u.quirks for u in hopper)
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf17], head_dims: [64]}]\n", "variants.0.dtypes.0"),
+        ("name: t\ntargets: [sm_81]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n", "targets"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [8]}]\n", "variants.0.head_dims"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64], chunk_sizes: [48]}]\n",
+         "variants.0.chunk_sizes.0"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64], colour: red}]\n",
+         "variants.0.colour"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64], gate_bounds: [0.5]}]\n",
+         "variants.0.gate_bounds.0"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\ntuning: {chunk.fwdd: {}}\n",
+         "unknown stage 'chunk.fwdd'"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "tuning: {chunk.fwd: {block_v: 48}}\n", "tuning.chunk.fwd.block_v"),
+        ("name: T-1\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n", "name"),
+        ("- just a list\n", "a spec is a mapping"),
+        ("name: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None:
+    with pytest.raises(SpecError) as e:
+        load_spec(write(tmp_path, text))
+    assert field in str(e.value)
+    assert "s.yaml" in str(e.value)
+
+
+def test_unknown_arch_lists_known(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as e:
+        load_spec(write(tmp_path, "name: t\ntargets: [sm_81]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"))
+    assert "sm_81" in str(e.value) and "sm_90" in str(e.value) and "arches.yaml" in str(e.value)
+
+
+@pytest.mark.parametrize("path", sorted(SPECS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_specs_load(path: Path) -> None:
+    variants, _ = expand(load_spec(path))
+    assert variants
