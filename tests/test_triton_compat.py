@@ -184,12 +184,17 @@ def test_load_kernel_missing_files(tmp_path: Path) -> None:
 
 
 def test_chained_dots_sm90_8_warps_flagged() -> None:
+    if INSTALLED < Version("3.2"):
+        # Triton 3.0/3.1 abort on exactly this conversion (the quirk it detects): check in a child process
+        res_sub = tc.probe_subprocess("probe_chain", 90, num_warps=8)
+        assert res_sub["ok"] is False and "mma -> mma layout conversion" in res_sub["error"], res_sub
+        return
     res = _compile("probe_chain", 90, num_warps=8)
     conv = tc.mma_conversions(res.ttgir)
     assert len(conv) >= 1, "expected an mma -> different mma convert_layout on sm_90 with 8 warps"
     assert all("convert_layout" in line for line in conv)
-    # on top of the direct one, a dot result converts to a dot operand of the other mma layout
-    assert len(tc.mma_conversions(res.ttgir, include_dot_operands=True)) > len(conv)
+    # 3.3+ also convert a dot result to a dot operand of the other mma layout (3.2: only the direct one)
+    assert len(tc.mma_conversions(res.ttgir, include_dot_operands=True)) >= len(conv)
 
 
 @pytest.mark.parametrize("arch, num_warps", [(90, 4), (80, 8), (80, 4)])
