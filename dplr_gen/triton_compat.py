@@ -354,7 +354,8 @@ def compile_kernel(
         "compile_seconds": round(seconds, 3),
         "triton_metadata": triton_meta,
     }
-    return CompileResult(files=files, metadata=metadata, ttgir=ttgir, shared=shared, seconds=seconds)
+    return CompileResult(files=files, metadata=metadata, ttgir=ttgir, shared=shared, seconds=seconds,
+                         warnings=[why] if why else [])
 
 
 # ----------------------------------------------------------------------------------------------------------
