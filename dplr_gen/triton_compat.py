@@ -279,6 +279,67 @@ def without_interpreter() -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = old
 
 
+# Triton's interpreter (seen in 3.6) patches triton.language in place while it runs a kernel and, when the
+# kernel calls another @triton.jit function, never undoes the inner patch: afterwards every real compile in
+# that process fails ("'ir.value' object has no attribute 'dtype'"). We snapshot the language objects
+# while they are clean and put them back before compiling.
+_LANG_SNAPSHOT: list[tuple[Any, dict[str, Any]]] | None = None
+
+
+def _lang_objects() -> list[Any]:
+    import triton.language as tl
+
+    objs = [tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype]
+    tdb = getattr(tl.core, "tensor_descriptor_base", None)
+    return objs + ([tdb] if tdb is not None else [])
+
+
+def _snapshot_lang() -> None:
+    global _LANG_SNAPSHOT
+    if _LANG_SNAPSHOT is not None:
+        return
+    import triton.language as tl
+
+    if not tl.core.is_builtin(tl.program_id):  # already patched by the interpreter: not a clean state
+        return
+    _LANG_SNAPSHOT = [(o, dict(vars(o))) for o in _lang_objects()]
+
+
+def repair_triton_language() -> bool:
+    """Undo interpreter patches left on ``triton.language``; True if anything had to be restored.
+
+    Raises RuntimeError when the language is patched and no clean snapshot was taken (import this module
+    before running interpreted kernels, or compile in a fresh process).
+    """
+    import triton.language as tl
+
+    _snapshot_lang()
+    if _LANG_SNAPSHOT is None:
+        if not tl.core.is_builtin(tl.program_id):
+            raise RuntimeError("triton.language was left patched by Triton's interpreter before dplr_gen could "
+                               "snapshot it; compile in a fresh process")
+        return False
+    # Only a part of a patch may be left (an outer scope restores what it patched too), so compare all.
+    changed = False
+    for obj, saved in _LANG_SNAPSHOT:
+        current = dict(vars(obj))
+        if isinstance(obj, type):  # the interpreter adds dunders to classes; modules gain submodules legitimately
+            for k in current.keys() - saved.keys():
+                delattr(obj, k)
+                changed = True
+        for k, v in saved.items():
+            if current.get(k, _MISSING) is not v:
+                setattr(obj, k, v)
+                changed = True
+    return changed
+
+
+_MISSING = object()
+
+if "triton.language" in sys.modules:  # cheap here; if not imported yet, the first compile snapshots
+    _snapshot_lang()
+
+
 def _check_compilable(fn: Any) -> None:
     from triton.runtime.jit import JITFunction
 
@@ -322,6 +383,7 @@ def compile_kernel(
     if not ok:
         raise TargetUnsupported(why)
     _check_compilable(fn)
+    repair_triton_language()
     src = make_source(fn, signature, constexprs, pointer_divisibility=pointer_divisibility,
                       divisible_args=divisible_args)
     options = {"num_warps": int(num_warps), "num_stages": int(num_stages), **dict(extra_options or {})}

@@ -276,3 +276,20 @@ def test_interpreter_kernel_is_refused_with_hint() -> None:
         pytest.skip("TRITON_INTERPRET is not set in this session")
     with pytest.raises(TypeError, match="without_interpreter"):
         tc.compile_kernel(_k, {"x_ptr": "*fp32"}, {}, 80, 4, 2)
+
+
+def test_compile_after_interpreter_left_language_patched() -> None:
+    """Triton's interpreter can leave triton.language patched; compile_kernel must still work."""
+    import triton.language as tl
+
+    tc.repair_triton_language()  # make sure a clean snapshot exists
+    original = tl.program_id
+    tl.program_id = lambda *a, **k: None  # what a leaked interpreter patch looks like
+    try:
+        assert tc.repair_triton_language() is True
+        assert tl.program_id is original
+        res = _compile("probe_add", 80)
+        assert res.shared == 0
+        assert tc.repair_triton_language() is False
+    finally:
+        tl.program_id = original
