@@ -40,6 +40,7 @@ class ArchProfile(BaseModel):
             "no_mma_chaining": self.mma in ("v3", "v5"),
             # tcgen05 accumulators live in tensor memory; two dots into one accumulator miscompile there.
             "separate_accumulators": self.mma == "v5",
+            "needs_allocator": False,
         }
 
 

@@ -128,6 +128,8 @@ class SpecPackage:
         module = import_source(self.dir / entry["source"], f"dplr_gen_kernels.{self.name}.{entry['unit']}")
         if interpreting():
             return KernelSet(module, None)
+        if entry["flags"].get("needs_allocator"):
+            _set_torch_allocator()
         aot, why = self._load_aot(module, entry["unit"])
         if aot is not None:
             return KernelSet(module, aot)
@@ -174,6 +176,17 @@ class SpecPackage:
         if name in ops.OP_NAMES:
             return functools.partial(getattr(ops, name), package=self)
         raise AttributeError(name)
+
+
+@functools.cache
+def _set_torch_allocator() -> None:
+    """Give Triton a device allocator for kernels that need global scratch (sm_100/sm_120 quirk)."""
+    import triton
+
+    def alloc(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    triton.set_allocator(alloc)
 
 
 @functools.cache

@@ -19,7 +19,7 @@ HeadDim = Annotated[int, Field(ge=16, le=256)]
 # Stages (one kernel each) that tuning may name, per op; templates read knobs by these names.
 STAGES: dict[str, tuple[str, ...]] = {
     "fused_recurrent": ("fwd",),
-    "chunk": ("fwd", "bwd"),
+    "chunk": ("fwd", "bwd_dh", "bwd"),
 }
 
 

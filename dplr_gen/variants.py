@@ -140,8 +140,11 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, op: str, limits: dict[str, Any
         for table in (spec.tuning, spec.target_tuning.get(arch.target, {})):
             if key in table:
                 merged.update(table[key].model_dump(exclude_none=True))
-        if "max_num_warps" in limits:
-            merged["num_warps"] = min(merged["num_warps"], limits["max_num_warps"])
+        # quirk caps win over the spec: a knob that provokes a known compiler failure is never used
+        caps = [limits.get("max_num_warps"), limits.get("stage_max_num_warps", {}).get(key)]
+        for cap in caps:
+            if cap is not None:
+                merged["num_warps"] = min(merged["num_warps"], cap)
         out[stage] = Knobs(**merged)
     return out
 
@@ -156,6 +159,8 @@ def build_units(
     for target in spec.targets:
         arch = get_arch(target)
         flags, limits, applied, refusal = quirk_registry.arch_flags(arch.cc, triton_version, arch.base_flags())
+        # kernels that may need global scratch get an allocator set before launch (see runtime)
+        flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
         for v in variants:
             what = f"{v.name}__{target}"
             if refusal is not None:
