@@ -108,6 +108,7 @@ def _check_inputs(
     return {"B": B, "T": T, "H": H, "K": K, "V": V, "N": N, "scale": float(scale), "offsets": offsets}
 
 
+@torch.compiler.assume_constant_result  # depends only on static facts (dtypes, shapes, the package)
 def _select(
     package: "SpecPackage", op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
     chunk_size: int | None = None, lower_bound: float | None = None,
