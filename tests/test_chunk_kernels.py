@@ -4,13 +4,20 @@ against the float64 reference recurrence and its autograd gradients.
 Runs on CPU with TRITON_INTERPRET=1, in fp32 (ieee dots) and fp16 (the interpreter computes bf16 tl.dot
 wrongly). Every run draws fresh random inputs and prints its seed; outputs and scratch buffers are filled
 with NaN before each launch, so an element a kernel does not write fails the check.
+
+On a GPU machine, `CHUNK_TEST_DEVICE=cuda pytest tests/test_chunk_kernels.py` runs the same checks on
+compiled kernels (JIT, no interpreter), bf16 included; CHUNK_TEST_ARCH_FLAGS=1 then renders with the flags of
+the GPU's architecture (no_mma_chaining from sm_90, separate_accumulators from sm_100) wherever a test does not
+pick flags itself.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before any triton import
+DEVICE = os.environ.get("CHUNK_TEST_DEVICE", "cpu")
+# before any triton import (the repo's conftest only sets a default: compiled kernels on a GPU need "0")
+os.environ["TRITON_INTERPRET"] = "1" if DEVICE == "cpu" else "0"
 
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
@@ -48,12 +55,14 @@ def _patch_interpreter_index() -> None:
     _interpreter._patch_lang_tensor = patched
 
 
-_patch_interpreter_index()
+if DEVICE == "cpu":
+    _patch_interpreter_index()
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = "chunk_dplr.py.jinja"
 TORCH_DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TOL = {"fp32": 1e-5, "fp16": 3e-3}
+TOL = {"fp32": 1e-5, "fp16": 3e-3, "bf16": 1e-2}
+DTYPES = ["fp32", "fp16"] + (["bf16"] if DEVICE != "cpu" else [])
 NAMES = ("o", "ht", "q", "k", "v", "a", "b", "gk", "h0")
 
 
@@ -95,8 +104,15 @@ def render(v, tune=None, flags=None) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     tune = tune or {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs()}
-    flags = flags or SimpleNamespace(no_mma_chaining=False, separate_accumulators=False)
+    flags = flags or _default_flags()
     return env.get_template(TEMPLATE).render(v=v, tune=tune, flags=flags, header=f"# test render: {v.name}")
+
+
+def _default_flags():
+    if DEVICE != "cpu" and os.environ.get("CHUNK_TEST_ARCH_FLAGS") == "1":
+        cc = torch.cuda.get_device_capability()
+        return SimpleNamespace(no_mma_chaining=cc >= (9, 0), separate_accumulators=cc >= (10, 0))
+    return SimpleNamespace(no_mma_chaining=False, separate_accumulators=False)
 
 
 _MODULES: dict[str, object] = {}
@@ -140,6 +156,7 @@ def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=Non
     dt, gdt = TORCH_DT[v.dtype], TORCH_DT[v.gate_dtype]
     x = {n: d[n].to(dt) for n in ("q", "k", "v", "a", "b")}
     x["gk"] = d["gk"].to(gdt)
+    # the reference sees exactly the rounded inputs
     scale = v.K**-0.5
     # the reference sees exactly the rounded inputs
     leaves = {n: x[n].double().requires_grad_(True) for n in ("q", "k", "v", "a", "b", "gk")}
@@ -152,11 +169,14 @@ def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=Non
     ref = {"o": o_ref, "ht": ht_ref, **dict(zip(leaves.keys(), grads))}
 
     ks = load(v, tune, flags)
+    x = {n: t.to(DEVICE) for n, t in x.items()}
+    cu = None if cu is None else cu.to(DEVICE)
     chunk_driver.POISON = True
     try:
         o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], scale,
-                                                    h0.float(), cu)
-        dq, dk, dv, da, db, dg, dh0 = chunk_driver.chunk_dplr_bwd(ks, v, saved, do.to(dt), dht.float())
+                                                    h0.float().to(DEVICE), cu)
+        dq, dk, dv, da, db, dg, dh0 = chunk_driver.chunk_dplr_bwd(ks, v, saved, do.to(dt).to(DEVICE),
+                                                                  dht.float().to(DEVICE))
     finally:
         chunk_driver.POISON = False
     assert o.dtype == dt and ht.dtype == torch.float32 and dg.dtype == gdt and dh0.dtype == torch.float32
@@ -176,3 +196,194 @@ def itertools_accumulate(xs):
 def check(errs, tol):
     bad = {n: e for n, e in errs.items() if not e <= tol}
     assert not bad, f"errors above {tol}: {bad}"
+
+
+FLAGS_AMPERE = SimpleNamespace(no_mma_chaining=False, separate_accumulators=False)
+FLAGS_HOPPER = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False)
+FLAGS_BLACKWELL = SimpleNamespace(no_mma_chaining=True, separate_accumulators=True)
+
+
+# ---------------------------------------------------------------- rendering contract (no kernel runs)
+
+def _kernel_params(mod, name):
+    import inspect
+
+    fn = getattr(mod, name)
+    fn = getattr(fn, "fn", fn)
+    return list(inspect.signature(fn).parameters)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("gate_bound", [-0.6065, -1.0, None])
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+def test_render_contract(dtype, varlen, gate_bound, chunk_size):
+    v = make_variant(dtype, K=100, V=60, chunk_size=chunk_size, varlen=varlen, gate_bound=gate_bound,
+                     dot_precision="tf32")
+    tune = {"fwd": knobs(block_v=32, num_warps=4, num_stages=2), "bwd": knobs(num_warps=2, num_stages=1)}
+    for flags in (FLAGS_AMPERE, FLAGS_BLACKWELL):
+        src = render(v, tune, flags)  # "bwd_dh" missing from tune: it falls back to the "bwd" knobs
+        assert src.startswith(f"# test render: {v.name}\n")
+        assert src == render(v, tune, flags)  # byte-identical
+        compile(src, "rendered", "exec")
+    mod = load(v, tune, FLAGS_HOPPER).m
+    assert set(mod.SIGNATURES) == set(mod.CONSTEXPRS) == set(mod.LAUNCH) == {
+        chunk_driver.FWD, chunk_driver.BWD_DH, chunk_driver.BWD}
+    io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
+    for name, sig in mod.SIGNATURES.items():
+        params = _kernel_params(mod, name)
+        cs = mod.CONSTEXPRS[name]
+        assert params == list(sig) + list(cs), name  # runtime args in order, then the constexprs
+        assert sig["q"] == io and sig["gk"] == io and sig["scale"] == "fp32" and sig["T"] == "i32"
+        assert ("cu_seqlens" in sig) == varlen
+        assert cs["K"] == 100 and cs["V"] == 60 and cs["BC"] == chunk_size and cs["BK"] == 128
+        assert all(isinstance(x, (int, float, bool, str)) for x in cs.values())
+    # the block_v knob is honoured, except that chunk 64 keeps V tiles >= 64 (sm_90 miscompiles narrower ones)
+    assert mod.CONSTEXPRS[chunk_driver.FWD]["BV"] == (32 if chunk_size < 64 else 64)
+    assert mod.LAUNCH[chunk_driver.FWD] == {"num_warps": 4, "num_stages": 2}
+    assert mod.LAUNCH[chunk_driver.BWD_DH] == {"num_warps": 2, "num_stages": 1}
+    factored = gate_bound is not None and chunk_size * -gate_bound / 2 <= 30
+    assert ("factored exponents" in src) == factored
+
+
+def test_chunk_map():
+    C = 16
+    lens = [1, 15, 16, 17, 64, 100, 3]
+    cu = torch.tensor([0] + list(itertools_accumulate(lens)), dtype=torch.int32, device=DEVICE)
+    n_slots = int(cu[-1]) // C + len(lens)
+    m = chunk_driver.chunk_map_from_cu_seqlens(cu, C, n_slots)
+    want = {}
+    for n, L in enumerate(lens):
+        for i in range(-(-L // C)):
+            want[(int(cu[n]) + i * C) // C + n] = (n, i)
+    assert len(want) == sum(-(-L // C) for L in lens)  # slots unique
+    for s in range(n_slots):
+        if s in want:
+            assert tuple(m[s].tolist()) == want[s]  # noqa: B023
+        else:
+            assert m[s, 1].item() == -1
+
+
+# ---------------------------------------------------------------- numerics against the float64 reference
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("K,V,C,T,H", [(32, 32, 16, 37, 2), (60, 20, 32, 45, 1), (32, 48, 64, 100, 1)])
+def test_bounded(dtype, K, V, C, T, H):
+    check(run_case(make_variant(dtype, K=K, V=V, chunk_size=C), T=T, H=H), TOL[dtype])
+
+
+@pytest.mark.parametrize("flags", [FLAGS_HOPPER, FLAGS_BLACKWELL], ids=["hopper", "blackwell"])
+@pytest.mark.parametrize("dtype,gate_bound", [("fp32", -0.6065), ("fp16", -1.0), ("fp32", None)])
+def test_arch_flags(flags, dtype, gate_bound):
+    v = make_variant(dtype, K=32, V=16, chunk_size=32, gate_bound=gate_bound)
+    check(run_case(v, T=40, H=1, flags=flags, extreme=gate_bound is None), TOL[dtype])
+
+
+@pytest.mark.parametrize("C,gate_bound", [(32, -1.0), (64, -1.0)], ids=["factored", "exact"])
+def test_bounded_gate_below_bound_is_clamped(C, gate_bound):
+    # gk below the declared bound (even -inf) is clamped to it in both code paths: finite, and equal to the
+    # recurrence run with the clamped gate
+    v = make_variant("fp32", K=16, V=16, chunk_size=C, gate_bound=gate_bound)
+    seed = random.randrange(2**31)
+    print(f"seed={seed}")
+    d = rwkv7_inputs(1, 70, 1, 16, 16, dtype=torch.float64, seed=seed)
+    d["gk"][0, ::3] = -math.inf
+    d["gk"][0, 1::3] = -30.0
+    leaves = {n: d[n].clone().requires_grad_(True) for n in ("q", "k", "v", "a", "b", "gk", "initial_state")}
+    args = [leaves[n] for n in ("q", "k", "v", "a", "b")]
+    o_ref, ht_ref = naive_dplr_delta_rule(*args, leaves["gk"].clamp(min=gate_bound), 1.0, leaves["initial_state"],
+                                          True)
+    do, dht = torch.randn_like(o_ref), torch.randn_like(ht_ref)
+    ref = torch.autograd.grad((o_ref * do).sum() + (ht_ref * dht).sum(), list(leaves.values()))
+    x = {n: d[n].float().to(DEVICE) for n in leaves}
+    ks = load(v)
+    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 1.0,
+                                                x["initial_state"], None)
+    grads = chunk_driver.chunk_dplr_bwd(ks, v, saved, do.float().to(DEVICE), dht.float().to(DEVICE))
+    assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
+    for name, gr, r in zip(leaves, grads, ref):
+        assert rel_err(gr, r) <= 1e-5, name
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_single_token(dtype):
+    check(run_case(make_variant(dtype, K=16, V=32, chunk_size=16), B=2, T=1, H=2), TOL[dtype])
+
+
+def test_batch_heads_vblocks():
+    # several sequences and heads, V split into 3 blocks in every kernel, no initial state
+    v = make_variant("fp32", K=16, V=48, chunk_size=16)
+    tune = {s: knobs(block_v=16) for s in ("fwd", "bwd_dh", "bwd")}
+    check(run_case(v, B=2, T=20, H=3, tune=tune, with_h0=False), TOL["fp32"])
+
+
+@pytest.mark.parametrize("dtype,C", [("fp32", 16), ("fp16", 32)] + ([("bf16", 64)] if DEVICE != "cpu" else []))
+def test_varlen(dtype, C):
+    v = make_variant(dtype, K=32, V=16, chunk_size=C, varlen=True)
+    check(run_case(v, lens=[1, 15, 16, 17, 64, 100], H=1), TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype,C", [("fp32", 16), ("fp16", 16), ("fp32", 32)])
+def test_generic_gate_extremes(dtype, C):
+    # gk = -inf (full reset) and gk = 0 (no decay) at many positions and channels
+    v = make_variant(dtype, K=16, V=32, chunk_size=C, gate_bound=None)
+    check(run_case(v, T=50, H=1, extreme=True), TOL[dtype])
+
+
+def test_generic_gate_varlen():
+    v = make_variant("fp32", K=16, V=16, chunk_size=16, varlen=True, gate_bound=None)
+    check(run_case(v, lens=[1, 16, 17, 30], H=1, extreme=True), TOL["fp32"])
+
+
+def test_gate_dtype_fp32_with_fp16_inputs():
+    v = make_variant("fp16", K=32, V=32, chunk_size=16, gate_dtype="fp32")
+    check(run_case(v, T=33, H=1), TOL["fp16"])
+
+
+def test_no_dht():
+    # dht=None: gradients through the output only
+    v = make_variant("fp32", K=16, V=16, chunk_size=16)
+    ks = load(v)
+    d = rwkv7_inputs(1, 21, 1, 16, 16, dtype=torch.float64)
+    leaves = {n: d[n].clone().requires_grad_(True) for n in ("q", "k", "v", "a", "b", "gk", "initial_state")}
+    o_ref, _ = naive_dplr_delta_rule(*[leaves[n] for n in ("q", "k", "v", "a", "b", "gk")], 0.5,
+                                     leaves["initial_state"], True)
+    do = torch.randn_like(o_ref)
+    ref = torch.autograd.grad((o_ref * do).sum(), list(leaves.values()))
+    x = {n: d[n].float().to(DEVICE) for n in leaves}
+    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 0.5,
+                                                x["initial_state"], None)
+    grads = chunk_driver.chunk_dplr_bwd(ks, v, saved, do.float().to(DEVICE), None)
+    assert rel_err(o, o_ref) <= 1e-5
+    for gr, r in zip(grads, ref):
+        assert rel_err(gr, r) <= 1e-5
+
+
+# ---------------------------------------------------------------- longer runs
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slow_large_heads(dtype):
+    v = make_variant(dtype, K=128, V=100, chunk_size=64)
+    check(run_case(v, B=1, T=150, H=2), TOL[dtype])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_slow_generic_chunk64(dtype):
+    v = make_variant(dtype, K=32, V=32, chunk_size=64, gate_bound=None)
+    check(run_case(v, T=140, H=1, extreme=True), TOL[dtype])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [FLAGS_AMPERE, FLAGS_BLACKWELL], ids=["ampere", "blackwell"])
+def test_slow_varlen_many(flags):
+    v = make_variant("fp16", K=64, V=64, chunk_size=64, varlen=True)
+    check(run_case(v, lens=[1, 63, 64, 65, 200, 7, 128], H=2, flags=flags), TOL["fp16"])
+
+
+@pytest.mark.slow
+def test_slow_long_sequence_fp32():
+    # many chunks: state passing over 16 chunk boundaries, gate bound -1 at chunk 32
+    v = make_variant("fp32", K=32, V=32, chunk_size=32, gate_bound=-1.0)
+    check(run_case(v, B=2, T=500, H=1), TOL["fp32"])
