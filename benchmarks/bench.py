@@ -1,0 +1,384 @@
+"""dplr-gen vs fla-core chunk_rwkv7 on one GPU: speed, memory, accuracy, cold start.
+
+    python benchmarks/bench.py [--shapes 4x4096x32x64,varlen] [--systems dplr-fast,fla-best] [--quick] [--cold]
+
+Systems (benchmarks/common.py): dplr-fast (lower_bound=-0.61), dplr-generic (defaults), fla-best (chunk_size=64,
+lower_bound=-0.61), fla-default. Each system runs in its own worker process, one shape at a time.
+Per (shape, system), bf16, RWKV-7 inputs with a random initial state, output_final_state=True:
+  fwd ms       forward with inputs requiring grad (training forward), do_bench median;
+  fwd+bwd ms   forward + torch.autograd.grad of <o, do> + <ht, dht> w.r.t. r, w, k, v, a, b, h0 (no .grad
+               accumulation, no loss kernel);
+  peak GB      max_memory_allocated during one fwd+bwd minus memory_allocated before it (inputs and
+               cotangents excluded; outputs, saved tensors, workspace and gradients included);
+  x floor      measured / (least bytes moved / 3.0 TB/s), see common.bytes_moved;
+  vs fla-best  measured / fla-best's measurement in the same run.
+Accuracy: B=1, T=512, H=2, D=64, relative-norm error of o, ht and every gradient vs the float64 reference.
+Cold start (--cold): a fresh process (empty TRITON_CACHE_DIR; DPLR_GEN_NO_JIT=1 for dplr-gen) that imports,
+builds inputs, runs the first fwd+bwd and exits, wall clock; fla gets --cold-timeout seconds (default 240).
+Writes $OUT/bench_<date>.json (again after every worker) and $OUT/bench_<date>.png.
+--device cpu (TRITON_INTERPRET=1) or --dry-run runs the same control flow on tiny fp32 shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common as C  # noqa: E402
+
+SCRIPT = Path(__file__).resolve()
+VARLEN = C.Shape(1, 32768, 32, 64, C.mixed_lengths(16, 32768, seed=0), name="varlen16x32768x32x64")
+DENSE_EQUIV = C.Shape(1, 32768, 32, 64)  # the varlen case's tokens as one dense sequence
+SHAPES: dict[str, C.Shape] = {
+    s.label: s for s in (
+        C.Shape(4, 4096, 32, 64), C.Shape(8, 4096, 64, 64), C.Shape(8, 2048, 16, 128), C.Shape(1, 4096, 2, 128),
+        VARLEN, DENSE_EQUIV,
+    )
+}
+PRESETS = {**SHAPES, "varlen": VARLEN}
+DRY_SHAPES = [C.Shape(1, 64, 1, 64), C.Shape(1, 64, 1, 64, (20, 1, 43), name="varlen3x64x1x64")]
+ACC_SHAPE, DRY_ACC_SHAPE = C.Shape(1, 512, 2, 64), C.Shape(1, 32, 1, 64)
+SEED = 1234
+
+
+# ----------------------------------------------------------------------------------------------------------
+# worker side
+
+
+class Worker:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        import torch
+
+        self.cfg, self.device = cfg, cfg["device"]
+        self.dtype = getattr(torch, cfg["dtype"])
+        self.ops: dict[str, Any] = {}
+
+    def op(self, name: str) -> tuple[Any, dict[str, Any]]:
+        if name not in self.ops:
+            try:
+                self.ops[name] = C.load_op(C.SYSTEMS[name], self.cfg["package"])
+            except Exception as e:  # remembered: every job of this system reports the same error
+                self.ops[name] = e
+        if isinstance(self.ops[name], Exception):
+            raise self.ops[name]
+        return self.ops[name]
+
+    def inputs(self, shape: C.Shape, seed: int) -> dict[str, Any]:
+        return C.rwkv7_case(shape.B, shape.T, shape.H, shape.D, dtype=self.dtype, device=self.device, seed=seed,
+                            n_states=shape.N)
+
+    def first_call(self, system: str, shape: C.Shape, seed: int = SEED) -> dict[str, Any]:
+        """Inputs, cotangents, and the first fwd+bwd (timed, wall clock)."""
+        t0 = time.perf_counter()
+        op, info = self.op(system)
+        t1 = time.perf_counter()
+        x = self.inputs(shape, seed)
+        do, dht = C.grad_outputs(x, seed)
+        cu, cu_cpu = C.cu_tensors(shape.lengths, C.SYSTEMS[system].cu_dtype, self.device)
+        xl = C.leaves(x)
+        C.sync(self.device)
+        t2 = time.perf_counter()
+        got = C.fwd_bwd(op, xl, do, dht, cu, cu_cpu)
+        C.sync(self.device)
+        t3 = time.perf_counter()
+        return {"op": op, "info": info, "x": xl, "do": do, "dht": dht, "cu": cu, "cu_cpu": cu_cpu, "got": got,
+                "load_s": t1 - t0, "inputs_s": t2 - t1, "first_fwd_bwd_s": t3 - t2}
+
+    def run(self, job: str) -> dict[str, Any]:
+        kind, system, *rest = job.split(":")
+        if kind == "acc":
+            return self.accuracy(system)
+        shape = parse_shape_any(rest[0])
+        if kind == "speed":
+            return self.speed(system, shape)
+        if kind == "cold":
+            s = self.first_call(system, shape)
+            return {k: s[k] for k in ("load_s", "inputs_s", "first_fwd_bwd_s")} | {"finite": all(C.all_finite(s["got"]).values())}
+        raise ValueError(f"unknown job {job!r}")
+
+    def accuracy(self, system: str) -> dict[str, Any]:
+        shape = DRY_ACC_SHAPE if self.cfg["dry_run"] else ACC_SHAPE
+        s = self.first_call(system, shape, seed=SEED + 1)
+        ref = C.cached(self.cfg.get("cache_dir"), f"acc_ref_{shape.label}_{self.cfg['dtype']}",
+                       lambda: C.reference(s["x"], s["do"], s["dht"]), self.device)
+        return {"shape": shape.label, "errors": C.errors(s["got"], ref), "checksums": C.checksums(s["x"]),
+                "info": s["info"]}
+
+    def speed(self, system: str, shape: C.Shape) -> dict[str, Any]:
+        import torch
+
+        s = self.first_call(system, shape)
+        op, x, do, dht, cu, cu_cpu = (s[k] for k in ("op", "x", "do", "dht", "cu", "cu_cpu"))
+        finite = all(C.all_finite(s["got"]).values())
+        del s["got"]
+        leaves = [x[n] for n in C.INPUTS if x.get(n) is not None]
+        warmup, rep = self.cfg["warmup"], self.cfg["rep"]
+
+        def fwd() -> Any:
+            return op(x, cu, cu_cpu)
+
+        def fwd_bwd() -> Any:
+            return torch.autograd.grad(op(x, cu, cu_cpu), leaves, (do, dht))
+
+        fwd_ms = C.bench_ms(fwd, self.device, warmup, rep)
+        fb_ms = C.bench_ms(fwd_bwd, self.device, warmup, rep)
+        peak = C.peak_bytes(fwd_bwd, self.device)
+        return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fb_ms, "peak_bytes": peak, "first_fwd_bwd_s": s["first_fwd_bwd_s"],
+                "finite": finite, "checksums": C.checksums(x), "info": s["info"]}
+
+
+def worker_main(cfg: dict[str, Any], jobs: list[str]) -> int:
+    C.worker_setup(cfg["device"])
+    return C.worker_loop(jobs, Worker(cfg).run, cfg["device"])
+
+
+def parse_shape_any(label: str) -> C.Shape:
+    for s in [*SHAPES.values(), *DRY_SHAPES, ACC_SHAPE, DRY_ACC_SHAPE]:
+        if s.label == label:
+            return s
+    return C.parse_shape(label, PRESETS)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parent side: plan, run, summarise
+
+
+def summarise(results: dict[str, dict[str, Any]], shapes: list[C.Shape], systems: list[str], dtype_bytes: int = 2
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """Rows of the speed table (with floors and ratios to fla-best), rows of the cold-start table, accuracy."""
+    speed = []
+    for sh in shapes:
+        b = C.bytes_moved(sh.B, sh.T, sh.H, sh.D, sh.D, sh.N, elt=dtype_bytes)
+        floor = {k: C.floor_ms(v) for k, v in b.items()}
+        base = results.get(f"speed:{C.BASELINE}:{sh.label}", {})
+        for sysname in systems:
+            r = results.get(f"speed:{sysname}:{sh.label}", {"error": "not run"})
+            row: dict[str, Any] = {"shape": sh.label, "system": sysname, "error": r.get("error"),
+                                   "floor_fwd_ms": floor["fwd"], "floor_fwd_bwd_ms": floor["fwd_bwd"],
+                                   "bytes_fwd": b["fwd"], "bytes_fwd_bwd": b["fwd_bwd"]}
+            for k in ("fwd_ms", "fwd_bwd_ms", "peak_bytes", "first_fwd_bwd_s", "finite"):
+                row[k] = r.get(k)
+            for k, f in (("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd_bwd")):
+                row[f"x_floor_{f}"] = row[k] / floor[f] if isinstance(row[k], (int, float)) else None
+                bv = base.get(k)
+                ok = isinstance(row[k], (int, float)) and isinstance(bv, (int, float))
+                row[f"vs_fla_best_{f}"] = row[k] / bv if ok else None
+            speed.append(row)
+    dense_equiv = {r["system"]: r for r in speed if r["shape"] == DENSE_EQUIV.label}
+    for r in speed:  # varlen vs the same tokens as one dense sequence, same system
+        d = dense_equiv.get(r["system"], {}) if r["shape"] == VARLEN.label else {}
+        for f in ("fwd", "fwd_bwd"):
+            a, b = r.get(f"{f}_ms"), d.get(f"{f}_ms")
+            r[f"vs_dense_equiv_{f}"] = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+    cold = []
+    for key, r in results.items():
+        if key.startswith("cold:"):
+            _, sysname, label = key.split(":")
+            cold.append({"system": sysname, "shape": label, **{k: r.get(k) for k in (
+                "wall_s", "load_s", "inputs_s", "first_fwd_bwd_s", "finite", "error")}})
+    acc = {s: results.get(f"acc:{s}", {"error": "not run"}) for s in systems}
+    return speed, cold, acc
+
+
+def tables(speed: list[dict[str, Any]], cold: list[dict[str, Any]], acc: dict[str, Any], dtype: str = "bfloat16") -> str:
+    gb = lambda b: None if b is None else b / 1e9  # noqa: E731
+    out = [C.format_table(
+        ["shape", "system", "fwd ms", "fwd+bwd ms", "peak GB", "fwd/fla-best", "f+b/fla-best", "fwd/floor",
+         "f+b/floor", "1st call s", "error"],
+        [[r["shape"], r["system"], r["fwd_ms"], r["fwd_bwd_ms"], gb(r["peak_bytes"]), r["vs_fla_best_fwd"],
+          r["vs_fla_best_fwd_bwd"], r["x_floor_fwd"], r["x_floor_fwd_bwd"], r["first_fwd_bwd_s"],
+          (r["error"] or "")[:60]] for r in speed],
+        title=f"speed ({dtype}, medians; floor = least bytes / 3.0 TB/s)")]
+    out.append(C.format_table(
+        ["system", *C.QUANTITIES, "error"],
+        [[s, *[a.get("errors", {}).get(q) for q in C.QUANTITIES], (a.get("error") or "")[:60]] for s, a in acc.items()],
+        title="accuracy vs float64 (relative norm error)"))
+    ve = [f"{r['system']} {r['vs_dense_equiv_fwd_bwd']:.2f}" for r in speed if r.get("vs_dense_equiv_fwd_bwd")]
+    if ve:
+        out.append(f"varlen ({VARLEN.N} sequences) / the same tokens as one dense sequence, fwd+bwd: " + ", ".join(ve))
+    if cold:
+        out.append(C.format_table(
+            ["system", "shape", "wall s", "import+load s", "inputs s", "1st fwd+bwd s", "error"],
+            [[r["system"], r["shape"], r["wall_s"], r["load_s"], r["inputs_s"], r["first_fwd_bwd_s"],
+              (r["error"] or "")[:60]] for r in cold],
+            title="cold start (fresh process, empty Triton cache)"))
+    return "\n\n".join(out)
+
+
+def plot(speed: list[dict[str, Any]], path: Path, title: str) -> str | None:
+    """Grouped bars of fwd+bwd ms (floor marked) and of the ratio to fla-best; returns an error or None."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"matplotlib not available: {e}"
+    shapes = list(dict.fromkeys(r["shape"] for r in speed))
+    systems = list(dict.fromkeys(r["system"] for r in speed))
+    get = {(r["shape"], r["system"]): r for r in speed}
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.8 * len(shapes)), 8))
+    width = 0.8 / max(1, len(systems))
+    for panel, (ax, key, ylabel) in enumerate(zip(axes, ("fwd_bwd_ms", "vs_fla_best_fwd_bwd"),
+                                                   ("fwd+bwd ms (log)", "fwd+bwd / fla-best"))):
+        for j, sysname in enumerate(systems):
+            xs = [i + (j - (len(systems) - 1) / 2) * width for i in range(len(shapes))]
+            ys = [get.get((sh, sysname), {}).get(key) or 0 for sh in shapes]
+            ax.bar(xs, ys, width, label=sysname)
+        if panel == 0:
+            ax.scatter(range(len(shapes)), [get[(sh, systems[0])]["floor_fwd_bwd_ms"] for sh in shapes],
+                       marker="_", s=900, color="black", label="floor", zorder=3)
+            ax.set_yscale("log")
+        else:
+            ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(shapes)), shapes, rotation=15, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    axes[0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def input_group(job: str) -> str | None:
+    """speed:<system>:<shape> jobs of one shape, and the acc:<system> jobs, must have seen the same tensors."""
+    kind, _, *rest = job.split(":")
+    return None if kind == "cold" else ":".join([kind, *rest])
+
+
+def cold_start(system: str, shape: C.Shape, cfg: dict[str, Any], timeout: float, log: Any) -> dict[str, Any]:
+    """The first fwd+bwd of a fresh process with an empty Triton cache; dplr-gen may not compile anything."""
+    job = f"cold:{system}:{shape.label}"
+    extra = {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-cold-")}
+    if C.SYSTEMS[system].impl == "dplr":
+        extra["DPLR_GEN_NO_JIT"] = "1"
+    t0 = time.time()
+    r = C.run_jobs(C.worker_cmd(SCRIPT, cfg), [job], t0 + timeout, C.worker_env(cfg["device"], extra), log)[job]
+    wall = time.time() - t0
+    if "timed out" in str(r.get("error", "")):
+        r["error"] = f"> {timeout:.0f} s (did not finish)"
+    return {**r, "wall_s": wall, "timeout_s": timeout, "env": extra}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", help=f"comma list of BxTxHxD or presets ({', '.join(PRESETS)}); default all")
+    ap.add_argument("--systems", default=",".join(C.SYSTEMS), help="comma list of " + ", ".join(C.SYSTEMS))
+    ap.add_argument("--quick", action="store_true", help="first shape only (unless --shapes), do_bench warmup 10 / rep 30")
+    ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--cold", action="store_true", help="also measure cold start (slow for fla)")
+    ap.add_argument("--cold-shapes", default="4x4096x32x64")
+    ap.add_argument("--cold-timeout", type=float, default=240.0)
+    ap.add_argument("--budget", type=float, default=560.0, help="seconds for everything (default 560)")
+    ap.add_argument("--deadline", type=float, help="absolute time.time() to finish by (overrides --budget)")
+    ap.add_argument("--package", default=str(C.REPO / "generated" / "hopper"))
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny fp32 shapes, rendered package")
+    ap.add_argument("--resume", help="earlier bench JSON, or 'last' (this machine's previous run): "
+                                     "its jobs without errors are reused")
+    ap.add_argument("--allow-jit", action="store_true", help="let dplr-gen compile at run time (else DPLR_GEN_NO_JIT=1)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--jobs", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker_main(json.loads(args.worker), args.jobs.split(","))
+
+    deadline = C.deadline_from(args)
+    dry = args.dry_run or args.device == "cpu"
+    device = "cpu" if dry else "cuda"
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in C.SYSTEMS]
+    if unknown:
+        ap.error(f"unknown systems {unknown}; known: {', '.join(C.SYSTEMS)}")
+    if dry:
+        shapes = DRY_SHAPES
+        cold_shapes = DRY_SHAPES[:1]
+    else:
+        shapes = [C.parse_shape(s, PRESETS) for s in args.shapes.split(",")] if args.shapes else list(SHAPES.values())
+        if args.quick and not args.shapes:
+            shapes = shapes[:1]
+        cold_shapes = [C.parse_shape(s, PRESETS) for s in args.cold_shapes.split(",")]
+    package = C.dry_run_package() if dry else args.package
+    cfg = {"device": device, "dtype": "float32" if dry else "bfloat16", "package": package, "dry_run": dry,
+           "warmup": 10 if args.quick else 25, "rep": 30 if args.quick else 100,
+           "cache_dir": tempfile.mkdtemp(prefix="dplr-bench-")}
+
+    day = C.stamp()
+    report = C.Report(C.out_dir() / f"bench_{day}.json", script="bench")
+    results: dict[str, dict[str, Any]] = C.load_resume(args.resume, "bench")
+    report.data = {
+        "machine": C.machine_info(device), "config": {**cfg, "shapes": [s.label for s in shapes], "systems": systems,
+                                                     "varlen_lengths": list(VARLEN.lengths or ()), "argv": sys.argv[1:]},
+        "systems": {s: {"label": C.SYSTEMS[s].label, "kwargs": dict(C.SYSTEMS[s].kwargs)} for s in systems},
+        "definitions": DEFINITIONS,
+        "results": results,
+    }
+    report.save()
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    env = C.worker_env(device, allow_jit=args.allow_jit)
+    for sysname in systems:
+        jobs = ([] if args.no_accuracy else [f"acc:{sysname}"]) + ([] if args.no_speed else [
+            f"speed:{sysname}:{sh.label}" for sh in shapes])
+        jobs = [j for j in jobs if j not in results]
+        if jobs:
+            print(f"== {sysname}: {len(jobs)} job(s), {deadline - time.time():.0f} s left", flush=True)
+            results.update(C.run_jobs(C.worker_cmd(SCRIPT, cfg), jobs, deadline, env, log))
+            report.save()
+    if args.cold:
+        for sh in cold_shapes:
+            for sysname in systems:
+                job = f"cold:{sysname}:{sh.label}"
+                left = deadline - time.time()
+                if job in results:
+                    continue
+                if left < 10:
+                    results[job] = {"job": job, "error": "not run: time budget spent"}
+                    continue
+                print(f"== cold start {sysname} {sh.label} (timeout {min(args.cold_timeout, left):.0f} s)", flush=True)
+                results[job] = cold_start(sysname, sh, cfg, min(args.cold_timeout, left), log)
+                report.save()
+
+    speed, cold, acc = summarise(results, shapes, systems, dtype_bytes=4 if dry else 2)
+    report.data.update(speed=speed, cold=cold, accuracy=acc, same_inputs=C.same_inputs(results, input_group))
+    png = report.path.with_suffix(".png")
+    m = report.data["machine"]
+    report.data["png"] = plot(speed, png, f"chunk_rwkv7 {cfg['dtype']} fwd+bwd, {m.get('gpu', device)}, torch {m['torch']}, "
+                                          f"Triton {m['triton']}, {m['date']}") or str(png)
+    report.save()
+    print("\n" + tables(speed, cold, acc, cfg["dtype"]))
+    print(f"\nsame inputs across systems: {report.data['same_inputs']}")
+    print(f"wrote {report.path}" + (f" and {png}" if png.exists() else f" ({report.data['png']})"))
+    return 0
+
+
+DEFINITIONS = {
+    "fwd_ms": "forward with inputs requiring grad, output_final_state=True; triton.testing.do_bench median "
+              "(CUDA events, L2 flushed), after a first call and do_bench's warm-up",
+    "fwd_bwd_ms": "forward + torch.autograd.grad of <o,do> + <ht,dht> w.r.t. r,w,k,v,a,b,h0; do_bench median",
+    "peak_bytes": "max_memory_allocated during one fwd+bwd minus memory_allocated just before it: inputs and "
+                  "cotangents excluded; outputs, saved tensors, workspace and gradients included",
+    "floor": "least bytes moved / 3.0 TB/s: fwd reads r,w,k,v,a,b,h0 and writes o,ht once; bwd reads "
+             "r,w,k,v,a,b,h0,do,dht and writes the 7 gradients once",
+    "vs_fla_best": "measured / fla-best measured in the same run (a result with resumed_from came from an earlier run)",
+    "vs_dense_equiv": "varlen case / the same 32768 tokens as one dense sequence, same system",
+    "accuracy": "relative norm error ||x - ref|| / ||ref|| vs the float64 step-by-step reference, B=1 T=512 H=2 D=64",
+    "cold_start": "wall clock of a fresh process (import, inputs, first fwd+bwd, exit) with an empty TRITON_CACHE_DIR; "
+                  "dplr-gen with DPLR_GEN_NO_JIT=1",
+    "inputs": "RWKV-7: w in (-0.6065,0) log-decay (fla's w), a=-kk, b=kk*iclr, k*K^-0.5, h0=0.5 randn, scale=1; "
+              "same seed -> same tensors for every system (checksums recorded); workers run with DPLR_GEN_NO_JIT=1",
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,701 @@
+"""Helpers shared by benchmarks/bench.py and scripts/gpu_check.py (GPU measurements of dplr-gen vs fla-core).
+
+Both scripts are a parent that never runs a kernel and workers (subprocesses of the same script) that do: a
+compiler abort, an illegal address or a run-time autotune that takes minutes kills or stalls one worker, not
+the run. A worker prints one ``RESULT {json}`` line per finished job; the parent restarts a worker that died
+for the jobs it had left, enforces one deadline for everything, and writes its JSON after every worker.
+
+Conventions: tensors in fla's layout [B, T, H, K]; RWKV-7 names r, w, k, v, a, b, h0 (w is a log-decay, the gk
+of the DPLR rule: fla's chunk_rwkv7 passes it as gk to chunk_dplr_delta_rule, whose naive reference
+multiplies the state by exp(gk)); both systems receive the very same tensors; scale = 1.0 (RWKV-7).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import inspect
+import json
+import math
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT_TAG = "RESULT "
+CONTEXT_LOST_RC = 75  # a worker whose device is unusable after a job exits with this: restart, charge no job
+GATE_BOUND = -0.61  # the lower_bound promise handed to both systems' fast paths
+RWKV7_W_MIN = -0.6065  # RWKV-7's decay clamp: w = -exp(-0.5) * sigmoid(x)
+INPUTS = ("r", "w", "k", "v", "a", "b", "h0")  # differentiable inputs, in gradient order
+QUANTITIES = ("o", "ht", "dr", "dw", "dk", "dv", "da", "db", "dh0")  # what every accuracy check compares
+HBM_BYTES_PER_S = 3.0e12  # H100 device copy, measured (shared/FACTS.md)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# files and machine
+
+
+def out_dir() -> Path:
+    d = Path(os.environ.get("OUT") or ".")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def stamp() -> str:
+    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def jsonable(x: Any) -> Any:
+    """JSON-safe copy: non-finite floats become the strings "inf", "-inf", "nan"; tuples become lists."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, Mapping):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(jsonable(obj), indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _cmd(*argv: str) -> str | None:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        return r.stdout.strip() or None if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def package_version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info(device: str = "cuda") -> dict[str, Any]:
+    """GPU, driver and library versions (the parent calls this: it initialises CUDA but runs no kernel)."""
+    import torch
+    import triton
+
+    info: dict[str, Any] = {
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "fla_core": package_version("fla-core"),
+        "dplr_gen_commit": _cmd("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"),
+        "device": device,
+    }
+    if device == "cuda" and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(
+            gpu=torch.cuda.get_device_name(0), capability=f"sm_{p.major}{p.minor}",
+            gpu_memory_gb=round(p.total_memory / 2**30, 1), cuda=torch.version.cuda,
+            driver=_cmd("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
+        )
+    return info
+
+
+# ----------------------------------------------------------------------------------------------------------
+# systems under test
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    impl: str  # "dplr" or "fla"
+    label: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def cu_dtype(self) -> str:
+        return "int32" if self.impl == "dplr" else "int64"  # each its documented/native type
+
+
+SYSTEMS: dict[str, System] = {
+    s.name: s
+    for s in (
+        System("dplr-fast", "dplr", "dplr-gen chunk_rwkv7, lower_bound=-0.61 (chunk 64)", (("lower_bound", GATE_BOUND),)),
+        System("dplr-generic", "dplr", "dplr-gen chunk_rwkv7, defaults (generic gate, chunk 16)"),
+        System("fla-best", "fla", "fla-core chunk_rwkv7, chunk_size=64, lower_bound=-0.61",
+               (("chunk_size", 64), ("lower_bound", GATE_BOUND))),
+        System("fla-default", "fla", "fla-core chunk_rwkv7, defaults (chunk 16)"),
+    )
+}
+BASELINE = "fla-best"
+
+
+def fla_kwargs(wanted: Mapping[str, Any], accepted: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """The kwargs fla's signature accepts, and notes on what had to change (an older fla has no lower_bound:
+    its equivalent promise is safe_gate=True)."""
+    acc = set(accepted)
+    used = {k: v for k, v in wanted.items() if k in acc}
+    notes = [f"{k} not accepted by this fla; dropped" for k in wanted if k not in acc]
+    if "lower_bound" in wanted and "lower_bound" not in acc and "safe_gate" in acc:
+        used["safe_gate"] = True
+        notes.append("used safe_gate=True as the bounded-gate equivalent")
+    return used, notes
+
+
+Op = Callable[..., tuple[Any, Any]]
+
+
+def load_op(system: System, package: str | Path) -> tuple[Op, dict[str, Any]]:
+    """``op(x, cu, cu_cpu) -> (o, ht)`` calling the system's chunk_rwkv7 with output_final_state=True, and a
+    record of what was called. Raises ImportError (fla) or the package's own error (dplr) if unusable."""
+    if system.impl == "dplr":
+        from dplr_gen import ops
+        from dplr_gen.runtime import package_at
+
+        fn: Callable[..., Any] = ops.chunk_rwkv7
+        kw: dict[str, Any] = {"package": package_at(package), **dict(system.kwargs)}
+        info = {"callable": "dplr_gen.ops.chunk_rwkv7", "package": str(package), "kwargs": dict(system.kwargs)}
+    else:
+        try:
+            from fla.ops.rwkv7 import chunk_rwkv7 as fn  # type: ignore[no-redef]
+        except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+            raise ImportError(f"fla not available: {type(e).__name__}: {e}") from e
+        params = inspect.signature(fn).parameters
+        kw, notes = fla_kwargs(dict(system.kwargs), params)
+        info = {"callable": "fla.ops.rwkv7.chunk_rwkv7", "fla_core": package_version("fla-core"),
+                "kwargs": kw, "notes": notes}
+        if "cu_seqlens_cpu" not in params:
+            info["notes"].append("no cu_seqlens_cpu argument")
+
+    def op(x: Mapping[str, Any], cu: Any = None, cu_cpu: Any = None) -> tuple[Any, Any]:
+        extra = {} if cu_cpu is None else {"cu_seqlens_cpu": cu_cpu}
+        return fn(r=x["r"], w=x["w"], k=x["k"], v=x["v"], a=x["a"], b=x["b"], scale=1.0, initial_state=x["h0"],
+                  output_final_state=True, cu_seqlens=cu, **extra, **kw)
+
+    return op, info
+
+
+# ----------------------------------------------------------------------------------------------------------
+# shapes and inputs
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int
+    T: int
+    H: int
+    D: int
+    lengths: tuple[int, ...] | None = None  # varlen: sequences laid end to end (B = 1)
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.B}x{self.T}x{self.H}x{self.D}"
+
+    @property
+    def N(self) -> int:
+        return self.B if self.lengths is None else len(self.lengths)
+
+    @property
+    def cu_seqlens(self) -> list[int] | None:
+        return None if self.lengths is None else cu_seqlens_of(self.lengths)
+
+
+def mixed_lengths(n: int, total: int, seed: int = 0, min_len: int = 1) -> tuple[int, ...]:
+    """n deterministic, uneven sequence lengths (from about total/(5n) to 1.8 total/n) summing to total."""
+    rng = random.Random(seed)
+    weights = [rng.uniform(0.2, 1.8) for _ in range(n)]
+    s = sum(weights)
+    lens = [max(min_len, int(total * w / s)) for w in weights]
+    lens[-1] += total - sum(lens)
+    if lens[-1] < min_len:
+        raise ValueError(f"cannot split {total} tokens into {n} sequences of at least {min_len}")
+    return tuple(lens)
+
+
+def cu_seqlens_of(lengths: Sequence[int]) -> list[int]:
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return cu
+
+
+def parse_shape(text: str, presets: Mapping[str, Shape]) -> Shape:
+    if text in presets:
+        return presets[text]
+    parts = text.lower().split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape {text!r}: give BxTxHxD (e.g. 4x4096x32x64) or one of {', '.join(presets)}")
+    return Shape(*(int(p) for p in parts))
+
+
+def rwkv7_case(
+    B: int, T: int, H: int, K: int, V: int | None = None, *, dtype: Any, device: Any, seed: int,
+    n_states: int | None = None, h0: str = "random", raw: bool = False,
+) -> dict[str, Any]:
+    """RWKV-7-like inputs r, w, k, v, a, b (dtype) and h0 (fp32 [N, H, K, V]), made on ``device``.
+
+    The formulas of dplr_gen.testing.rwkv7_inputs (a = -kk, b = kk * iclr, kk L2-normalised, iclr in (0, 1),
+    w in (-0.6065, 0), k scaled by K**-0.5, h0 = 0.5 randn), but drawn by a generator on the device, in place,
+    one tensor at a time: fast for 10^9-element tensors, and the same seed gives the same tensors in every
+    process on the same device. ``raw``: r, k, v, a, b all plain randn (the original failure report's inputs);
+    ``h0``: "random", "zeros" or "none".
+    """
+    import torch
+
+    V = K if V is None else V
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+
+    x: dict[str, Any] = {}
+    x["r"] = rnd(B, T, H, K).to(dtype)
+    t = rnd(B, T, H, K)
+    x["k"] = (t if raw else t.mul_(K**-0.5)).to(dtype)
+    del t
+    x["v"] = rnd(B, T, H, V).to(dtype)
+    if raw:
+        x["a"], x["b"] = rnd(B, T, H, K).to(dtype), rnd(B, T, H, K).to(dtype)
+    else:
+        kk = torch.nn.functional.normalize(rnd(B, T, H, K), dim=-1)
+        x["a"] = kk.neg().to(dtype)
+        x["b"] = rnd(B, T, H, K).sigmoid_().mul_(kk).to(dtype)
+        del kk
+    x["w"] = rnd(B, T, H, K).sigmoid_().mul_(RWKV7_W_MIN).to(dtype)
+    N = B if n_states is None else n_states
+    if h0 == "random":
+        x["h0"] = rnd(N, H, K, V).mul_(0.5)
+    elif h0 == "zeros":
+        x["h0"] = torch.zeros(N, H, K, V, device=device, dtype=torch.float32)
+    elif h0 == "none":
+        x["h0"] = None
+    else:
+        raise ValueError(f"h0 must be random, zeros or none, got {h0!r}")
+    return x
+
+
+def grad_outputs(x: Mapping[str, Any], seed: int) -> tuple[Any, Any]:
+    """Random cotangents (do like o, dht like the fp32 final state): loss = <o, do> + <ht, dht>."""
+    import torch
+
+    r, v = x["r"], x["v"]
+    N = x["h0"].shape[0] if x.get("h0") is not None else r.shape[0]
+    gen = torch.Generator(device=r.device)
+    gen.manual_seed(seed + 7919)
+    do = torch.randn(v.shape, generator=gen, device=r.device, dtype=torch.float32).to(r.dtype)
+    dht = torch.randn(N, r.shape[2], r.shape[3], v.shape[3], generator=gen, device=r.device, dtype=torch.float32)
+    return do, dht
+
+
+def checksums(x: Mapping[str, Any]) -> dict[str, float]:
+    """float64 sums of every input: equal checksums across processes show the systems saw the same tensors."""
+    return {n: float(t.detach().double().sum().item()) for n, t in x.items() if t is not None}
+
+
+def same_inputs(results: Mapping[str, Mapping[str, Any]], group: Callable[[str], str | None]) -> dict[str, bool]:
+    """Per group of jobs (group(job) -> name, None to ignore): did every job see the same inputs (checksums)?"""
+    seen: dict[str, list[Any]] = {}
+    for job, r in results.items():
+        g = group(job)
+        if g is not None and "checksums" in r:
+            seen.setdefault(g, []).append(r["checksums"])
+    return {g: all(c == v[0] for c in v) for g, v in seen.items()}
+
+
+def cu_tensors(lengths: Sequence[int] | None, dtype: str, device: Any) -> tuple[Any, Any]:
+    """(cu_seqlens on the device, cu_seqlens on the CPU) in ``dtype`` ("int32"/"int64"), or (None, None)."""
+    import torch
+
+    if lengths is None:
+        return None, None
+    cpu = torch.tensor(cu_seqlens_of(lengths), dtype=getattr(torch, dtype))
+    return cpu.to(device), cpu
+
+
+def leaves(x: Mapping[str, Any]) -> dict[str, Any]:
+    """Fresh leaf tensors that require grad (the same values), for one system's run."""
+    return {n: (None if t is None else t.detach().clone().requires_grad_(True)) for n, t in x.items()}
+
+
+def fwd_bwd(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None, cu_cpu: Any = None) -> dict[str, Any]:
+    """o, ht and the gradients of <o, do> + <ht, dht> w.r.t. every input (keys of QUANTITIES)."""
+    import torch
+
+    o, ht = op(xl, cu, cu_cpu)
+    names = [n for n in INPUTS if xl.get(n) is not None]
+    grads = torch.autograd.grad((o, ht), [xl[n] for n in names], (do, dht))
+    return {"o": o.detach(), "ht": ht.detach(), **{"d" + n: g for n, g in zip(names, grads)}}
+
+
+def reference(x: Mapping[str, Any], do: Any, dht: Any, lengths: Sequence[int] | None = None,
+              scale: float = 1.0, grads: bool = True) -> dict[str, Any]:
+    """float64 ground truth of fwd_bwd on the inputs' device, from dplr_gen.reference.naive_dplr_delta_rule.
+
+    Dense batches are folded into heads ([B, T, H] -> [1, T, B*H]) so the step loop runs once, not B times."""
+    import torch
+
+    from dplr_gen.reference import naive_dplr_delta_rule
+
+    names = [n for n in INPUTS if x.get(n) is not None]
+    x64 = {n: x[n].detach().double().requires_grad_(grads) for n in names}
+    B, T, H, K = x64["r"].shape
+    V = x64["v"].shape[-1]
+    fold = lengths is None and B > 1
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(0, 1).reshape(1, T, B * H, t.shape[-1]) if fold else t
+
+    h0 = x64.get("h0")
+    if fold and h0 is not None:
+        h0 = h0.reshape(1, B * H, K, V)
+    cu = None if lengths is None else torch.tensor(cu_seqlens_of(lengths), device=x64["r"].device)
+    with torch.set_grad_enabled(grads):
+        o, ht = naive_dplr_delta_rule(f(x64["r"]), f(x64["k"]), f(x64["v"]), f(x64["a"]), f(x64["b"]),
+                                      f(x64["w"]), scale, h0, True, cu)
+        if fold:
+            o, ht = o.reshape(T, B, H, V).transpose(0, 1), ht.reshape(B, H, K, V)
+        out = {"o": o.detach(), "ht": ht.detach()}
+        if grads:
+            g = torch.autograd.grad((o, ht), [x64[n] for n in names], (do.double(), dht.double()))
+            out.update({"d" + n: t for n, t in zip(names, g)})
+    return out
+
+
+def one_step_reference(q: Any, k: Any, v: Any, a: Any, b: Any, gk: Any, h0: Any, scale: float) -> tuple[Any, Any]:
+    """Vectorised float64 decode step (T = 1): S = exp(g) S0 + b (a^T S0) + k v^T, o = scale S^T q."""
+    import torch
+
+    q, k, v, a, b, gk = (t[:, 0].double() for t in (q, k, v, a, b, gk))  # [N, H, K]
+    S0 = h0.double()
+    u = torch.einsum("nhk,nhkv->nhv", a, S0)
+    S = gk.exp()[..., None] * S0 + b[..., None] * u[:, :, None, :] + k[..., None] * v[:, :, None, :]
+    return (scale * torch.einsum("nhk,nhkv->nhv", q, S))[:, None], S
+
+
+def rel_err(x: Any, ref: Any) -> float:
+    """dplr_gen.testing.rel_err (||x - ref|| / ||ref|| in float64, inf if x is not finite), computed on the
+    tensors' device: the decode check compares 5e8-element states."""
+    x64, r64 = x.detach().double(), ref.detach().double().to(x.device)
+    if not bool(x64.isfinite().all()):
+        return float("inf")
+    den = float(r64.norm())
+    return float((x64 - r64).norm()) / (den if den > 0 else 1.0)
+
+
+def errors(got: Mapping[str, Any], ref: Mapping[str, Any]) -> dict[str, float]:
+    return {n: rel_err(got[n], ref[n]) for n in QUANTITIES if n in got and n in ref}
+
+
+def all_finite(got: Mapping[str, Any]) -> dict[str, bool]:
+    import torch
+
+    return {n: bool(torch.isfinite(t).all().item()) for n, t in got.items()}
+
+
+def cached(cache_dir: str | None, key: str, make: Callable[[], dict[str, Any]], device: Any) -> dict[str, Any]:
+    """``make()`` (a dict of tensors), stored under cache_dir so that another worker process reuses it."""
+    import torch
+
+    if not cache_dir:
+        return make()
+    path = Path(cache_dir) / (key.replace(":", "_").replace("/", "_") + ".pt")
+    if path.exists():
+        return torch.load(path, map_location=device)
+    value = make()
+    tmp = path.with_suffix(".tmp")
+    torch.save(value, tmp)
+    os.replace(tmp, path)
+    return value
+
+
+def free(device: Any) -> None:
+    import torch
+
+    gc.collect()
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def sync(device: Any) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# timing, memory, floor
+
+
+def bench_ms(fn: Callable[[], Any], device: Any, warmup: int = 25, rep: int = 100) -> float:
+    """Median ms: triton.testing.do_bench (CUDA events, L2 flushed between calls) on a GPU; on CPU (dry runs)
+    the median wall time of two calls."""
+    if str(device).startswith("cuda"):
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    ts = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def peak_bytes(fn: Callable[[], Any], device: Any) -> int | None:
+    """Memory one call adds at its peak: max_memory_allocated() during fn minus memory_allocated() before it.
+    Whatever is alive before the call (inputs, cotangents) is excluded; what the call allocates (outputs,
+    saved tensors, workspace, gradients) is included. None on CPU."""
+    import torch
+
+    if not str(device).startswith("cuda"):
+        return None
+    free(device)
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+def bytes_moved(B: int, T: int, H: int, K: int, V: int, N: int, elt: int = 2, state_elt: int = 4) -> dict[str, int]:
+    """Least DRAM traffic: forward reads r, w, k, v, a, b and h0 once and writes o and ht once; the backward
+    reads the six inputs, h0, do and dht once and writes the seven gradients once."""
+    tok = B * T * H
+    inputs = tok * (5 * K + V) * elt
+    o = tok * V * elt
+    state = N * H * K * V * state_elt
+    fwd = inputs + o + 2 * state
+    bwd = inputs + o + inputs + 3 * state  # inputs + do read, grads written; h0 + dht read, dh0 written
+    return {"fwd": fwd, "fwd_bwd": fwd + bwd}
+
+
+def floor_ms(nbytes: int, bandwidth: float = HBM_BYTES_PER_S) -> float:
+    return nbytes / bandwidth * 1e3
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parent <-> worker
+
+
+def emit(job: str, **result: Any) -> None:
+    """A worker's answer for one job: one line on stdout."""
+    print(RESULT_TAG + json.dumps(jsonable({"job": job, **result}), allow_nan=False), flush=True)
+
+
+def worker_loop(jobs: Sequence[str], run: Callable[[str], dict[str, Any]], device: str) -> int:
+    """A worker's main loop: one RESULT per job, errors included. If the device is unusable after a job (a
+    sticky CUDA error such as an illegal address), exit with CONTEXT_LOST_RC: the parent starts a fresh worker
+    for the remaining jobs."""
+    for job in jobs:
+        print(f"[{time.strftime('%H:%M:%S')}] {job}", flush=True)
+        try:
+            emit(job, **run(job))
+        except Exception as e:  # noqa: BLE001 - one failing job must not stop the others
+            emit(job, **error_record(e))
+        try:
+            free(device)
+        except Exception as e:  # noqa: BLE001
+            print(f"device unusable after {job} ({type(e).__name__}: {e}); restarting", file=sys.stderr, flush=True)
+            return CONTEXT_LOST_RC
+    return 0
+
+
+def error_record(e: BaseException) -> dict[str, Any]:
+    import traceback
+
+    return {"error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-3000:]}
+
+
+def _pump(stream: Any, tag: str, into: queue.Queue[tuple[str, str | None]]) -> None:
+    for line in stream:
+        into.put((tag, line))
+    into.put((tag, None))
+
+
+def run_jobs(
+    cmd: Sequence[str], jobs: Sequence[str], deadline: float, env: Mapping[str, str] | None = None,
+    log: Callable[[str], None] = print, min_left: float = 3.0,
+) -> dict[str, dict[str, Any]]:
+    """Run ``cmd + ["--jobs", "j1,j2,..."]`` until every job has a RESULT or the deadline (time.time()) passes.
+
+    A worker that exits or is killed (at the deadline) before answering a job gets that job recorded as an
+    error with the tail of its stderr; a new worker is started for the jobs after it while time is left.
+    Worker stdout lines that are not results, and its stderr, are passed to ``log``.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    pending = list(jobs)
+    while pending:
+        if deadline - time.time() < min_left:
+            for j in pending:
+                results[j] = {"job": j, "error": "not run: time budget spent"}
+            break
+        t0, answered_before = time.time(), len(results)
+        p = subprocess.Popen([*cmd, "--jobs", ",".join(pending)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=None if env is None else dict(env), bufsize=1, start_new_session=True)
+        lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        tail: deque[str] = deque(maxlen=40)
+
+        for stream, tag in ((p.stdout, "out"), (p.stderr, "err")):
+            threading.Thread(target=_pump, args=(stream, tag, lines), daemon=True).start()
+        open_streams, timed_out = 2, False
+        while open_streams:
+            try:
+                tag, line = lines.get(timeout=max(0.05, deadline - time.time()))
+            except queue.Empty:
+                timed_out = True
+                try:  # our own worker and what it started (compile pools): its own session, by its id
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                break
+            if line is None:
+                open_streams -= 1
+            elif tag == "out" and line.startswith(RESULT_TAG):
+                r = json.loads(line[len(RESULT_TAG):])
+                if r.get("job") in pending:
+                    pending.remove(r["job"])
+                    results[r["job"]] = r
+            else:
+                if tag == "err":
+                    tail.append(line.rstrip())
+                log(("  | " if tag == "out" else "  ! ") + line.rstrip())
+        rc = p.wait()
+        if pending and rc == CONTEXT_LOST_RC and not timed_out and len(results) > answered_before:
+            continue  # the job that broke the device has its answer: a fresh worker takes the rest
+        if pending:
+            j = pending.pop(0)
+            why = (f"timed out (deadline) after {time.time() - t0:.0f} s in this worker" if timed_out
+                   else f"worker exited with code {rc}" + (f" (signal {-rc})" if rc < 0 else ""))
+            results[j] = {"job": j, "error": f"worker died: {why}", "stderr_tail": "\n".join(tail)[-3000:]}
+    return results
+
+
+LAST_DIR = Path.home() / ".cache" / "dplr-gen-bench"  # a copy of each script's latest JSON, for --resume last
+
+
+def load_resume(path: str | None, script: str = "") -> dict[str, dict[str, Any]]:
+    """Job results without an error from an earlier run's JSON ("results" key): they are not run again.
+    ``path`` "last" means this machine's copy of the script's previous JSON (kept while the machine is)."""
+    if not path:
+        return {}
+    if path == "last":
+        last = LAST_DIR / f"{script}_last.json"
+        if not last.exists():
+            print(f"--resume last: no {last}; starting afresh", flush=True)
+            return {}
+        path = str(last)
+    data = json.loads(Path(path).read_text())
+    return {j: {**r, "resumed_from": r.get("resumed_from", path)} for j, r in data.get("results", {}).items()
+            if "error" not in r}
+
+
+def worker_cmd(script: Path, config: Mapping[str, Any]) -> list[str]:
+    return [sys.executable, str(script), "--worker", json.dumps(jsonable(config))]
+
+
+def worker_env(device: str, extra: Mapping[str, str] | None = None, allow_jit: bool = False) -> dict[str, str]:
+    """The workers' environment: the repo importable, and DPLR_GEN_NO_JIT=1 unless allow_jit, so that every
+    dplr-gen number comes from the prebuilt kernels (a missing build is an error, not a silent compile)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not allow_jit:
+        env["DPLR_GEN_NO_JIT"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def worker_setup(device: str) -> None:
+    """In a worker, before kernels run: CPU dry runs use Triton's interpreter, patched like tests/ do (Triton
+    3.6's interpreter turns 1-element arrays into ints with int(), which numpy >= 2.4 refuses)."""
+    if device != "cpu":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    from triton.runtime import interpreter
+
+    orig = interpreter._patch_lang_tensor
+    if getattr(orig, "_dplr_patched", False):
+        return
+
+    def patched(tensor: Any, scope: Any) -> None:
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._dplr_patched = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+def dry_run_package(spec: str = "specs/hopper.yaml") -> str:
+    """Render (no compile) a spec into a temporary folder: the interpreter runs its sources on CPU."""
+    import tempfile
+
+    from dplr_gen import build
+
+    p = build.plan(REPO / spec, Path(tempfile.mkdtemp(prefix="dplr-dry-")))
+    build.write_package(p)
+    return str(p.out_dir)
+
+
+def deadline_from(args: Any) -> float:
+    return float(args.deadline) if getattr(args, "deadline", None) else time.time() + float(args.budget)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output
+
+
+def fmt(x: Any, spec: str = ".3g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, (int, float)):
+        return format(x, spec)
+    return str(x)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str = "") -> str:
+    """A plain fixed-width table (logs and terminals alike); cells are formatted with fmt."""
+    body = [[fmt(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    line = "  ".join("-" * w for w in widths)
+    out = [title] if title else []
+    out += ["  ".join(h.ljust(w) for h, w in zip(headers, widths)), line]
+    out += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in body]
+    return "\n".join(out)
+
+
+@dataclass
+class Report:
+    """The JSON document a script writes (again after every step, so a killed run still leaves one)."""
+
+    path: Path
+    data: dict[str, Any] = field(default_factory=dict)
+    script: str = ""  # also keep LAST_DIR/<script>_last.json, for --resume last
+
+    def save(self) -> None:
+        write_json(self.path, self.data)
+        if self.script:
+            try:
+                LAST_DIR.mkdir(parents=True, exist_ok=True)
+                write_json(LAST_DIR / f"{self.script}_last.json", self.data)
+            except OSError:
+                pass

@@ -1,0 +1,366 @@
+"""Accuracy and robustness checks of dplr-gen on a GPU (the kernels issue's table), against float64 and fla-core.
+
+    python scripts/gpu_check.py [--only table,prec,report,scale,compile] [--resume gpu_check.json] [--dry-run]
+
+Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines are printed at the end):
+  table   bf16, B=2, T=4096, H=4, K=V=64 and 128, RWKV-7 inputs (normalised a/b), random h0: relative norm error
+          vs float64 of o, final state and every gradient, for dplr-fast (lower_bound=-0.61), dplr-generic and
+          fla-best (chunk_size=64, lower_bound=-0.61) on the same tensors (checksums compared).
+          PASS: <= 5e-3 (o, ht), <= 8e-3 (gradients), and no worse than fla: err <= 1.1 * fla_err + 1e-4.
+  prec    dplr-gen in fp32 (ieee dots) <= 1e-5 and fp16 <= 3e-3, everything, B=1, T=1024, H=2, D=64.
+  report  the original failure report: B=1, T=4096, H=2, K=V=128, bf16, cu_seqlens=[0, T] (int32, cuda), zero
+          initial state, keyword arguments, output_final_state=True. raw randn a/b (and r, k, v): must run to
+          completion, fwd+bwd (finite or not is recorded, not judged); normalised a/b: the table's bounds.
+  scale   big: chunk forward (fast path) and fused recurrent forward on q with > 2**31 elements (varlen, the last
+          sequence wholly past element 2**31), its outputs vs float64 on that sequence alone; decode: fused
+          recurrent, T=1, B=2048, H=64 (N*H > 65535) vs a vectorised float64 step. Bounds 5e-3.
+  compile torch.compile(fullgraph=True) of chunk_rwkv7 fwd+bwd equals eager (relative error <= 1e-5).
+Writes $OUT/gpu_check.json after every worker. --dry-run: CPU interpreter, tiny fp32 stand-ins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common as C  # noqa: E402
+
+SCRIPT = Path(__file__).resolve()
+DPLR = ("dplr-fast", "dplr-generic")
+FLA = "fla-best"
+BOUNDS = {"bfloat16": (5e-3, 8e-3), "float16": (3e-3, 3e-3), "float32": (1e-5, 1e-5)}  # (o/ht, gradients)
+FLA_FACTOR, FLA_SLACK = 1.1, 1e-4  # "no worse than fla": err <= FLA_FACTOR * fla_err + FLA_SLACK
+COMPILE_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class Case:
+    B: int
+    T: int
+    H: int
+    D: int
+    dtype: str
+    seed: int
+    lengths: tuple[int, ...] | None = None
+    h0: str = "random"
+
+
+CASES = {
+    "D64": Case(2, 4096, 4, 64, "bfloat16", 11),
+    "D128": Case(2, 4096, 4, 128, "bfloat16", 12),
+    "fp32": Case(1, 1024, 2, 64, "float32", 13),
+    "fp16": Case(1, 1024, 2, 64, "float16", 14),
+    "report": Case(1, 4096, 2, 128, "bfloat16", 15, (4096,), "zeros"),
+}
+DRY_CASES = {
+    "D64": Case(1, 64, 1, 64, "float32", 11),
+    "D128": Case(1, 32, 1, 128, "float32", 12),
+    "fp32": Case(1, 32, 1, 64, "float32", 13),
+    "fp16": Case(1, 32, 1, 64, "float16", 14),
+    "report": Case(1, 64, 1, 128, "float32", 15, (64,), "zeros"),
+}
+
+
+def job_groups(only: list[str] | None = None) -> list[list[str]]:
+    """Jobs, grouped by worker process: dplr-gen, the two scale cases alone (a fault there must not poison
+    the others' CUDA context), fla last (its first calls autotune for minutes)."""
+    dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
+            + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile"])
+    groups = [dplr, ["scale-decode"], ["scale-big"], [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
+    if only:
+        groups = [[j for j in g if any(j.startswith(p) for p in only)] for g in groups]
+    return [g for g in groups if g]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# worker side
+
+
+class Worker:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg, self.device, self.dry = cfg, cfg["device"], cfg["dry_run"]
+        self.cases = DRY_CASES if self.dry else CASES
+
+    def package(self) -> Any:
+        from dplr_gen.runtime import package_at
+
+        return package_at(self.cfg["package"])
+
+    def inputs(self, case: Case, raw: bool = False) -> dict[str, Any]:
+        import torch
+
+        return C.rwkv7_case(case.B, case.T, case.H, case.D, dtype=getattr(torch, case.dtype), device=self.device,
+                            seed=case.seed + (1000 if raw else 0), raw=raw, h0=case.h0,
+                            n_states=None if case.lengths is None else len(case.lengths))
+
+    def run(self, job: str) -> dict[str, Any]:
+        kind, *rest = job.split(":")
+        if kind in ("table", "prec", "report-norm", "report-raw"):
+            return self.accuracy(self.cases[rest[0]], rest[0], rest[1], raw=kind == "report-raw")
+        return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile}[kind]()
+
+    def accuracy(self, case: Case, case_name: str, system: str, raw: bool) -> dict[str, Any]:
+        """o, ht and gradients vs float64 (raw: only whether fwd+bwd runs, and whether it is finite)."""
+        op, info = C.load_op(C.SYSTEMS[system], self.cfg["package"])
+        x = self.inputs(case, raw)
+        do, dht = C.grad_outputs(x, case.seed)
+        cu, _ = C.cu_tensors(case.lengths, C.SYSTEMS[system].cu_dtype, self.device)
+        got = C.fwd_bwd(op, C.leaves(x), do, dht, cu)  # keywords, no cu_seqlens_cpu: the report's call
+        C.sync(self.device)
+        out: dict[str, Any] = {"case": case_name, "system": system, "info": info, "checksums": C.checksums(x)}
+        if raw:
+            return out | {"ran": True, "finite": C.all_finite(got)}
+        ref = C.cached(self.cfg.get("cache_dir"), f"ref_{case_name}",
+                       lambda: C.reference(x, do, dht, case.lengths), self.device)
+        return out | {"errors": C.errors(got, ref)}
+
+    def scale_big(self) -> dict[str, Any]:
+        """> 2**31 elements per tensor: forward only; the last (short) sequence checked against float64."""
+        import torch
+
+        from dplr_gen import ops
+
+        H, K, tail, bulk = (1, 64, 16, 64) if self.dry else (32, 64, 256, 8192)
+        n_bulk = 2 if self.dry else math.ceil(2**31 / (H * K) / bulk)
+        lengths = (bulk,) * n_bulk + (tail,)
+        T = sum(lengths)
+        x = C.rwkv7_case(1, T, H, K, dtype=torch.float32 if self.dry else torch.bfloat16, device=self.device,
+                         seed=21, n_states=len(lengths))
+        cu, cu_cpu = C.cu_tensors(lengths, "int32", self.device)
+        last = {n: x[n][:, -tail:] for n in ("r", "w", "k", "v", "a", "b")} | {"h0": x["h0"][-1:]}
+        ref = C.reference(last, None, None, grads=False)
+        out: dict[str, Any] = {"H": H, "K": K, "T": T, "lengths": f"{n_bulk} x {bulk} + {tail}", "numel": T * H * K,
+                               "over_2_31": T * H * K > 2**31, "last_seq_first_element": (T - tail) * H * K}
+        pkg = self.package()
+        calls = {
+            "chunk_fast": lambda: ops.chunk_rwkv7(r=x["r"], w=x["w"], k=x["k"], v=x["v"], a=x["a"], b=x["b"], scale=1.0,
+                                                  initial_state=x["h0"], output_final_state=True, cu_seqlens=cu,
+                                                  cu_seqlens_cpu=cu_cpu, lower_bound=C.GATE_BOUND, package=pkg),
+            "fused_recurrent": lambda: ops.fused_recurrent_dplr_delta_rule(
+                q=x["r"], k=x["k"], v=x["v"], a=x["a"], b=x["b"], gk=x["w"], scale=1.0, initial_state=x["h0"],
+                output_final_state=True, cu_seqlens=cu, package=pkg),
+        }
+        for name, call in calls.items():
+            try:
+                if self.device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    o, ht = call()
+                C.sync(self.device)
+                out[name] = {"s": time.perf_counter() - t0, "finite": bool(torch.isfinite(o).all().item()),
+                             "errors": C.errors({"o": o[:, -tail:], "ht": ht[-1:]}, ref),
+                             "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if self.device == "cuda" else None}
+                del o, ht
+            except Exception as e:  # noqa: BLE001 - the other op still runs
+                out[name] = C.error_record(e)
+            C.free(self.device)
+        return out
+
+    def scale_decode(self) -> dict[str, Any]:
+        """One decode step with N*H > 65535 programs vs a vectorised float64 step."""
+        import torch
+
+        from dplr_gen import ops
+
+        B, H, K = (4, 2, 64) if self.dry else (2048, 64, 64)
+        x = C.rwkv7_case(B, 1, H, K, dtype=torch.float32 if self.dry else torch.bfloat16, device=self.device, seed=22)
+        o, ht = ops.fused_recurrent_dplr_delta_rule(q=x["r"], k=x["k"], v=x["v"], a=x["a"], b=x["b"], gk=x["w"],
+                                                    initial_state=x["h0"], output_final_state=True,
+                                                    package=self.package())
+        ro, rht = C.one_step_reference(x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], x["h0"], K**-0.5)
+        return {"B": B, "H": H, "K": K, "programs_NH": B * H, "errors": C.errors({"o": o, "ht": ht}, {"o": ro, "ht": rht})}
+
+    def compile(self) -> dict[str, Any]:
+        """torch.compile(fullgraph=True) around chunk_rwkv7, fwd+bwd, against eager on the same inputs."""
+        import torch
+
+        pkg = self.package()
+        case = Case(1, 32, 1, 64, "float32", 31) if self.dry else Case(1, 256, 2, 64, "bfloat16", 31)
+
+        def f(r: Any, w: Any, k: Any, v: Any, a: Any, b: Any, h0: Any) -> Any:
+            return pkg.chunk_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, initial_state=h0,
+                                   output_final_state=True, lower_bound=C.GATE_BOUND)
+
+        def as_op(fn: Any) -> Any:
+            return lambda xl, cu=None, cu_cpu=None: fn(*(xl[n] for n in C.INPUTS))
+
+        x = self.inputs(case)
+        do, dht = C.grad_outputs(x, case.seed)
+        eager = C.fwd_bwd(as_op(f), C.leaves(x), do, dht)
+        t0 = time.perf_counter()
+        comp = C.fwd_bwd(as_op(torch.compile(f, fullgraph=True)), C.leaves(x), do, dht)
+        C.sync(self.device)
+        return {"compile_and_first_call_s": time.perf_counter() - t0, "errors": C.errors(comp, eager)}
+
+
+def worker_main(cfg: dict[str, Any], jobs: list[str]) -> int:
+    C.worker_setup(cfg["device"])
+    return C.worker_loop(jobs, Worker(cfg).run, cfg["device"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parent side: judge
+
+
+def judge(err: Any, bound: float, fla: Any = None) -> tuple[str, str]:
+    """PASS/FAIL of one error, and why: above the bound, or worse than fla (err > 1.1 * fla + 1e-4)."""
+    if not isinstance(err, (int, float)) or not math.isfinite(err):
+        return "FAIL", f"error is {err}"
+    if err > bound:
+        return "FAIL", f"{err:.2e} > bound {bound:.0e}"
+    if isinstance(fla, (int, float)) and math.isfinite(fla) and err > FLA_FACTOR * fla + FLA_SLACK:
+        return "FAIL", f"{err:.2e} worse than fla {fla:.2e} (x{FLA_FACTOR} + {FLA_SLACK:.0e})"
+    return "PASS", ""
+
+
+def bounds_for(dtype: str, quantity: str) -> float:
+    state, grad = BOUNDS[dtype]
+    return state if quantity in ("o", "ht") else grad
+
+
+def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: bool = False) -> list[dict[str, Any]]:
+    """One row per check: {"check", "system", "cells": {quantity: (err, status, note)}, "status", "error"}."""
+    rows: list[dict[str, Any]] = []
+
+    def acc_row(kind: str, case_name: str, system: str, compare_fla: bool) -> None:
+        job = f"{kind}:{case_name}:{system}"
+        r = results.get(job, {"error": "not run"})
+        fla = results.get(f"{kind}:{case_name}:{FLA}", {}).get("errors", {}) if compare_fla and system != FLA else {}
+        cells = {}
+        for q in C.QUANTITIES:
+            e = r.get("errors", {}).get(q)
+            st, note = judge(e, bounds_for(cases[case_name].dtype, q), fla.get(q))
+            cells[q] = (e, st, note)
+        if compare_fla and system != FLA and not fla:
+            cells = {q: (e, st, note or "fla n/a: bound only") for q, (e, st, note) in cells.items()}
+        status = "FAIL" if r.get("error") or any(c[1] == "FAIL" for c in cells.values()) else "PASS"
+        if system == FLA:  # the yardstick, not under test: its cells are judged against the bounds for information
+            status = "n/a" if r.get("error") else "info"
+        rows.append({"check": f"{kind}:{case_name}", "system": system, "cells": cells, "error": r.get("error"),
+                     "status": status})
+
+    for c in ("D64", "D128"):
+        for s in (*DPLR, FLA):
+            acc_row("table", c, s, True)
+    for c in ("fp32", "fp16"):
+        for s in DPLR:
+            acc_row("prec", c, s, False)
+    for s in (*DPLR, FLA):
+        acc_row("report-norm", "report", s, True)
+    for s in DPLR:
+        r = results.get(f"report-raw:report:{s}", {"error": "not run"})
+        fin = r.get("finite", {})
+        rows.append({"check": "report-raw:report", "system": s, "error": r.get("error"),
+                     "cells": {q: (None, "finite" if fin.get(q) else "non-finite", "") for q in C.QUANTITIES if q in fin},
+                     "status": "PASS" if r.get("ran") else "FAIL"})
+    big = results.get("scale-big", {"error": "not run"})
+    for op in ("chunk_fast", "fused_recurrent"):
+        r = big.get(op, big if "error" in big else {"error": "not run"})
+        cells = {q: (r.get("errors", {}).get(q), *judge(r.get("errors", {}).get(q), 5e-3)) for q in ("o", "ht")}
+        err = r.get("error") or (None if dry or big.get("over_2_31", True) else "q.numel() not over 2**31")
+        rows.append({"check": f"scale-big:{op}", "system": "dplr-fast" if op == "chunk_fast" else "fused_recurrent",
+                     "cells": cells, "error": err,
+                     "status": "FAIL" if err or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
+    for job, bound, system in (("scale-decode", 5e-3, "fused_recurrent"), ("compile", COMPILE_TOL, "dplr-fast")):
+        r = results.get(job, {"error": "not run"})
+        cells = {q: (e, *judge(e, bound)) for q, e in r.get("errors", {}).items()}
+        rows.append({"check": job, "system": system, "cells": cells, "error": r.get("error"),
+                     "status": "FAIL" if r.get("error") or not cells or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
+    return rows
+
+
+def input_group(job: str) -> str | None:
+    """Jobs "kind:case:system" of one kind and case must have seen the same tensors."""
+    parts = job.split(":")
+    return ":".join(parts[:2]) if len(parts) == 3 else None
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    def cell(r: dict[str, Any], q: str) -> str:
+        if q not in r["cells"]:
+            return ""
+        if r.get("error"):
+            return "-"
+        e, st, _ = r["cells"][q]
+        mark = "" if st == "PASS" else (" " + st if st == "FAIL" else st)
+        return (f"{e:.1e}" if isinstance(e, (int, float)) else "") + mark
+
+    table = C.format_table(
+        ["check", "system", *C.QUANTITIES, "status"],
+        [[r["check"], r["system"], *[cell(r, q) for q in C.QUANTITIES], r["status"]] for r in rows],
+        title=f"gpu_check: relative norm error vs float64; PASS: o/ht <= 5e-3, gradients <= 8e-3 (bf16), fp32 1e-5, "
+              f"fp16 3e-3, and err <= {FLA_FACTOR} * fla + {FLA_SLACK:.0e}")
+    fails = []
+    for r in rows:
+        if r["status"] != "FAIL":
+            continue
+        why = [] if r.get("error") else [f"{q} {note}" for q, (_, st, note) in r["cells"].items() if st == "FAIL"]
+        fails.append(f"FAIL {r['check']} {r['system']}: " + "; ".join(why + ([r["error"][:300]] if r.get("error") else [])))
+    notes = [f"note: {r['check']} {r['system']} (the yardstick) did not run: {(r['error'] or '')[:200]}; "
+             "'no worse than fla' was not checked there" for r in rows if r["status"] == "n/a"]
+    return table + "\n\n" + "\n".join(notes + fails + ([] if fails else ["all checks PASS"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", help="comma list of job prefixes: table, prec, report, scale, compile, table:D64, ...")
+    ap.add_argument("--budget", type=float, default=560.0, help="seconds for everything (default 560)")
+    ap.add_argument("--deadline", type=float, help="absolute time.time() to finish by (overrides --budget)")
+    ap.add_argument("--package", default=str(C.REPO / "generated" / "hopper"))
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny fp32 stand-ins, rendered package")
+    ap.add_argument("--resume", help="earlier gpu_check.json, or 'last' (this machine's previous run): "
+                                     "its jobs without errors are reused")
+    ap.add_argument("--allow-jit", action="store_true", help="let dplr-gen compile at run time (else DPLR_GEN_NO_JIT=1)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--jobs", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker_main(json.loads(args.worker), args.jobs.split(","))
+
+    deadline = C.deadline_from(args)
+    dry = args.dry_run or args.device == "cpu"
+    device = "cpu" if dry else "cuda"
+    cfg = {"device": device, "dry_run": dry, "package": C.dry_run_package() if dry else args.package,
+           "cache_dir": tempfile.mkdtemp(prefix="dplr-check-")}
+    results = C.load_resume(args.resume, "gpu_check")
+    report = C.Report(C.out_dir() / "gpu_check.json", script="gpu_check")
+    report.data = {"machine": C.machine_info(device), "config": {**cfg, "argv": sys.argv[1:]},
+                   "criteria": {"bounds_o_ht_grad": BOUNDS, "no_worse_than_fla": f"err <= {FLA_FACTOR} * fla_err + {FLA_SLACK}",
+                                "compile_vs_eager": COMPILE_TOL, "scale": 5e-3,
+                                "report_raw": "fwd+bwd runs to completion; finiteness recorded, not judged"},
+                   "cases": {k: vars(v) for k, v in (DRY_CASES if dry else CASES).items()}, "results": results}
+    report.save()
+    env = C.worker_env(device, allow_jit=args.allow_jit)
+    only = [p.strip() for p in args.only.split(",")] if args.only else None
+    for group in job_groups(only):
+        jobs = [j for j in group if j not in results]
+        if jobs:
+            print(f"== {len(jobs)} job(s): {', '.join(jobs)}; {deadline - time.time():.0f} s left", flush=True)
+            results.update(C.run_jobs(C.worker_cmd(SCRIPT, cfg), jobs, deadline, env, lambda s: print(s, flush=True)))
+            report.save()
+    rows = judge_all(results, DRY_CASES if dry else CASES, dry)
+    if only:
+        rows = [r for r in rows if any(r["check"].startswith(p) or f"{r['check']}:{r['system']}".startswith(p) for p in only)]
+    count = {st: sum(r["status"] == st for r in rows) for st in ("PASS", "FAIL")}
+    report.data.update(rows=rows, same_inputs=C.same_inputs(results, input_group),
+                       summary={"pass": count["PASS"], "fail": count["FAIL"]})
+    report.save()
+    print("\n" + render(rows))
+    print(f"\nsame inputs across systems: {report.data['same_inputs']}")
+    print(f"{report.data['summary']['pass']} passed, {report.data['summary']['fail']} failed; wrote {report.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One command on the GPU machine: install the carried wheels, build the hopper package, run the checks and/or
+# the benchmark. Everything is logged to $OUT/run_gpu_<mode>.log; results land in $OUT (see the scripts).
+#
+#   scripts/run_gpu.sh check|bench|all [extra arguments for gpu_check.py (check) or bench.py (bench)]
+#
+# BUDGET (seconds, default 570) bounds the whole command, build included: the scripts get a deadline and write
+# what they have by then. With `all`, the check gets half of what is left after the build, the bench the rest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE="${1:-all}"
+shift || true
+case "$MODE" in check|bench|all) ;; *) echo "usage: $0 check|bench|all [args]" >&2; exit 2 ;; esac
+
+START=$(date +%s)
+DEADLINE=$((START + ${BUDGET:-570}))
+export OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run_gpu_${MODE}.log") 2>&1
+export PYTHONUNBUFFERED=1
+
+echo "== $(date -Is) run_gpu.sh $MODE $*"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv || true
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "WARNING: wheel install failed"
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+python3 -c "import fla; print('fla-core importable')" 2>/dev/null || echo "fla-core NOT importable: fla systems will be recorded as unavailable"
+
+echo "== build specs/hopper.yaml"
+t0=$(date +%s)
+python3 -m dplr_gen.cli build specs/hopper.yaml -j 16
+BUILD_RC=$?
+echo "== build rc=$BUILD_RC in $(( $(date +%s) - t0 )) s"
+
+now=$(date +%s)
+case "$MODE" in
+  check)
+    python3 scripts/gpu_check.py --deadline "$DEADLINE" "$@" ;;
+  bench)
+    python3 benchmarks/bench.py --deadline "$DEADLINE" "$@" ;;
+  all)
+    python3 scripts/gpu_check.py --deadline $((now + (DEADLINE - now) / 2))
+    python3 benchmarks/bench.py --deadline "$DEADLINE" ;;
+esac
+echo "== done in $(( $(date +%s) - START )) s; outputs in $OUT:"
+ls -la "$OUT"

@@ -1,0 +1,337 @@
+"""The CPU-pure parts of benchmarks/bench.py, benchmarks/common.py and scripts/gpu_check.py (no GPU, no fla)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import bench
+from benchmarks import common as C
+from dplr_gen.reference import naive_dplr_delta_rule
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gpu_check = _load_gpu_check()
+
+
+def test_floor_matches_the_measured_peer_numbers() -> None:
+    # shared/FACTS.md: (4,4096,32,64) bf16 moves about 470 MB forward (0.16 ms), 1.3 GB fwd+bwd (0.45 ms)
+    b = C.bytes_moved(4, 4096, 32, 64, 64, N=4)
+    tensor = 4 * 4096 * 32 * 64 * 2
+    state = 4 * 32 * 64 * 64 * 4
+    assert b["fwd"] == 7 * tensor + 2 * state
+    assert b["fwd_bwd"] == 20 * tensor + 5 * state
+    assert C.floor_ms(b["fwd"]) == pytest.approx(0.158, abs=2e-3)
+    assert C.floor_ms(b["fwd_bwd"]) == pytest.approx(0.451, abs=2e-3)
+    # V enters only through v, o, do, dv; the states scale with N
+    b2 = C.bytes_moved(1, 10, 1, 4, 8, N=3, elt=4)
+    assert b2["fwd"] == 10 * (5 * 4 + 8) * 4 + 10 * 8 * 4 + 2 * 3 * 4 * 8 * 4
+
+
+def test_mixed_lengths_and_varlen_preset() -> None:
+    lens = C.mixed_lengths(16, 32768, seed=0)
+    assert len(lens) == 16 and sum(lens) == 32768 and min(lens) >= 1
+    assert lens == C.mixed_lengths(16, 32768, seed=0) != C.mixed_lengths(16, 32768, seed=1)
+    assert not all(n % 64 == 0 for n in lens)  # partial chunks are exercised
+    assert max(lens) > 2 * min(lens)
+    v = bench.PRESETS["varlen"]
+    assert (v.B, v.T, v.H, v.D, v.N) == (1, 32768, 32, 64, 16) and sum(v.lengths) == v.T
+    assert v.cu_seqlens[0] == 0 and v.cu_seqlens[-1] == 32768 and len(v.cu_seqlens) == 17
+    with pytest.raises(ValueError):
+        C.mixed_lengths(4, 3, min_len=1)
+
+
+def test_parse_shape() -> None:
+    assert C.parse_shape("4x4096x32x64", bench.PRESETS) == C.Shape(4, 4096, 32, 64)
+    assert C.parse_shape("varlen", bench.PRESETS).lengths is not None
+    assert bench.parse_shape_any("varlen16x32768x32x64") == bench.VARLEN
+    assert bench.parse_shape_any(bench.DRY_SHAPES[1].label) == bench.DRY_SHAPES[1]
+    for bad in ("4x4096x32", "4x0x1x1", "big"):
+        with pytest.raises(ValueError):
+            C.parse_shape(bad, bench.PRESETS)
+    labels = [s.label for s in bench.SHAPES.values()]
+    assert labels[:4] == ["4x4096x32x64", "8x4096x64x64", "8x2048x16x128", "1x4096x2x128"]
+    assert "1x32768x32x64" in labels and bench.VARLEN.label in labels
+
+
+def test_rwkv7_case_is_deterministic_and_rwkv7_like() -> None:
+    x = C.rwkv7_case(2, 8, 3, 16, dtype=torch.float32, device="cpu", seed=5)
+    y = C.rwkv7_case(2, 8, 3, 16, dtype=torch.float32, device="cpu", seed=5)
+    z = C.rwkv7_case(2, 8, 3, 16, dtype=torch.float32, device="cpu", seed=6)
+    assert set(x) == set(C.INPUTS)
+    assert all(torch.equal(x[n], y[n]) for n in x) and not torch.equal(x["r"], z["r"])
+    assert C.checksums(x) == C.checksums(y) != C.checksums(z)
+    assert (x["w"] < 0).all() and (x["w"] > C.RWKV7_W_MIN).all() and (x["w"] >= C.GATE_BOUND).all()
+    assert torch.allclose(x["a"].norm(dim=-1), torch.ones(2, 8, 3))
+    iclr = x["b"] / (-x["a"])
+    assert (iclr > 0).all() and (iclr < 1).all()
+    assert x["h0"].shape == (2, 3, 16, 16) and x["h0"].dtype == torch.float32
+    assert x["k"].std() < 0.5  # k scaled by K**-0.5
+    bf = C.rwkv7_case(1, 4, 1, 8, 12, dtype=torch.bfloat16, device="cpu", seed=1, n_states=3, h0="zeros")
+    assert bf["r"].dtype == bf["w"].dtype == torch.bfloat16 and bf["v"].shape == (1, 4, 1, 12)
+    assert bf["h0"].shape == (3, 1, 8, 12) and not bf["h0"].any()
+    assert (bf["w"].float() >= C.GATE_BOUND).all()  # still inside the promise after rounding to bf16
+    raw = C.rwkv7_case(1, 64, 2, 16, dtype=torch.float32, device="cpu", seed=1, raw=True, h0="none")
+    assert raw["h0"] is None and raw["a"].norm(dim=-1).mean() > 2 and raw["k"].std() > 0.5
+    with pytest.raises(ValueError):
+        C.rwkv7_case(1, 1, 1, 4, dtype=torch.float32, device="cpu", seed=0, h0="ones")
+
+
+def test_grad_outputs_and_cu_tensors() -> None:
+    x = C.rwkv7_case(1, 6, 2, 4, dtype=torch.float16, device="cpu", seed=0, n_states=2)
+    do, dht = C.grad_outputs(x, 0)
+    assert do.shape == x["v"].shape and do.dtype == torch.float16
+    assert dht.shape == (2, 2, 4, 4) and dht.dtype == torch.float32
+    assert torch.equal(do, C.grad_outputs(x, 0)[0])
+    cu, cpu = C.cu_tensors((2, 4), "int32", "cpu")
+    assert cu.tolist() == [0, 2, 6] and cpu.dtype == torch.int32
+    assert C.cu_tensors((2, 4), "int64", "cpu")[0].dtype == torch.int64
+    assert C.cu_tensors(None, "int32", "cpu") == (None, None)
+    assert C.SYSTEMS["dplr-fast"].cu_dtype == "int32" and C.SYSTEMS["fla-best"].cu_dtype == "int64"
+
+
+def _naive_op(x, cu=None, cu_cpu=None):
+    """A 'system' computed by the reference itself: fwd_bwd through it must equal reference()."""
+    return naive_dplr_delta_rule(x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], 1.0, x["h0"], True, cu)
+
+
+def test_reference_folds_batch_into_heads_exactly() -> None:
+    x = C.rwkv7_case(3, 5, 2, 4, 6, dtype=torch.float64, device="cpu", seed=3)
+    do, dht = C.grad_outputs(x, 3)
+    dht = dht.double()  # the float64 stand-in system returns a float64 state
+    ref = C.reference(x, do, dht)
+    direct = C.fwd_bwd(_naive_op, C.leaves(x), do, dht)
+    assert set(ref) == set(direct) == set(C.QUANTITIES)
+    for n in C.QUANTITIES:
+        assert ref[n].dtype == torch.float64 and ref[n].shape == direct[n].shape
+        tol = 1e-6 if direct[n].dtype == torch.float32 else 1e-12  # h0 (hence dh0) is fp32
+        assert torch.allclose(ref[n], direct[n].double(), rtol=tol, atol=tol), n
+    assert all(e < 1e-7 for e in C.errors(direct, ref).values())
+    fwd_only = C.reference(x, None, None, grads=False)
+    assert set(fwd_only) == {"o", "ht"} and torch.allclose(fwd_only["o"], ref["o"])
+
+
+def test_reference_varlen() -> None:
+    x = C.rwkv7_case(1, 7, 2, 4, dtype=torch.float64, device="cpu", seed=4, n_states=2)
+    do, dht = C.grad_outputs(x, 4)
+    dht = dht.double()
+    ref = C.reference(x, do, dht, lengths=(3, 4))
+    cu = torch.tensor([0, 3, 7])
+    direct = C.fwd_bwd(_naive_op, C.leaves(x), do, dht, cu)
+    assert all(torch.allclose(ref[n], direct[n].double(), rtol=1e-6, atol=1e-6) for n in C.QUANTITIES)
+
+
+def test_one_step_reference_equals_the_recurrence() -> None:
+    x = C.rwkv7_case(3, 1, 2, 4, 5, dtype=torch.float64, device="cpu", seed=9)
+    o, S = C.one_step_reference(x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], x["h0"], 0.5)
+    ro, rS = naive_dplr_delta_rule(x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], 0.5, x["h0"], True)
+    assert torch.allclose(o, ro) and torch.allclose(S, rS)
+
+
+def test_errors_finite_and_cache(tmp_path: Path) -> None:
+    ref = {"o": torch.ones(4), "ht": torch.ones(2)}
+    got = {"o": torch.ones(4) * 1.01, "ht": torch.tensor([1.0, float("inf")])}
+    e = C.errors(got, ref)
+    assert e["o"] == pytest.approx(0.01) and e["ht"] == float("inf")
+    assert C.all_finite(got) == {"o": True, "ht": False}
+    from dplr_gen.testing import rel_err
+
+    a, b = torch.randn(50, dtype=torch.bfloat16), torch.randn(50, dtype=torch.float64)
+    assert C.rel_err(a, b) == pytest.approx(rel_err(a, b), rel=1e-12)
+    assert C.rel_err(torch.zeros(3), torch.zeros(3)) == 0.0
+    calls = []
+
+    def make() -> dict[str, torch.Tensor]:
+        calls.append(1)
+        return {"o": torch.arange(3.0)}
+
+    a = C.cached(str(tmp_path), "ref:x/y", make, "cpu")
+    b = C.cached(str(tmp_path), "ref:x/y", make, "cpu")
+    assert len(calls) == 1 and torch.equal(a["o"], b["o"])
+    assert C.cached(None, "k", make, "cpu") and len(calls) == 2
+
+
+def test_json_and_table(tmp_path: Path) -> None:
+    obj = {"a": float("inf"), "b": [float("nan"), 1.5, (2, -float("inf"))], "c": Path("/x"), 3: None}
+    p = tmp_path / "r.json"
+    C.write_json(p, obj)
+    assert json.loads(p.read_text()) == {"a": "inf", "b": ["nan", 1.5, [2, "-inf"]], "c": "/x", "3": None}
+    rep = C.Report(tmp_path / "rep.json", {"x": 1})
+    rep.save()
+    assert json.loads(rep.path.read_text()) == {"x": 1}
+    t = C.format_table(["name", "ms"], [["dplr", 1.23456], ["fla-best", None], ["x", True]], title="T")
+    lines = t.splitlines()
+    assert lines[0] == "T" and lines[1].split() == ["name", "ms"] and "1.23" in lines[3] and "-" in lines[4]
+    assert len({len(line) for line in lines[1:]}) == 1  # aligned
+    assert C.fmt(0.000123) == "0.000123" and C.fmt(None) == "-" and C.fmt(False) == "no"
+
+
+def test_fla_kwargs_and_unavailable_fla(monkeypatch: pytest.MonkeyPatch) -> None:
+    full = ["r", "w", "chunk_size", "lower_bound", "safe_gate", "cu_seqlens_cpu"]
+    used, notes = C.fla_kwargs({"chunk_size": 64, "lower_bound": -0.61}, full)
+    assert used == {"chunk_size": 64, "lower_bound": -0.61} and notes == []
+    used, notes = C.fla_kwargs({"chunk_size": 64, "lower_bound": -0.61}, ["chunk_size", "safe_gate"])
+    assert used == {"chunk_size": 64, "safe_gate": True} and len(notes) == 2
+    monkeypatch.setitem(sys.modules, "fla", None)  # import fla -> ImportError, whatever is installed
+    with pytest.raises(ImportError, match="fla not available"):
+        C.load_op(C.SYSTEMS["fla-best"], "unused")
+    assert set(C.SYSTEMS) == {"dplr-fast", "dplr-generic", "fla-best", "fla-default"}
+    assert dict(C.SYSTEMS["fla-best"].kwargs) == {"chunk_size": 64, "lower_bound": -0.61}
+    assert dict(C.SYSTEMS["dplr-fast"].kwargs) == {"lower_bound": -0.61} and not C.SYSTEMS["dplr-generic"].kwargs
+
+
+def test_worker_env() -> None:
+    env = C.worker_env("cpu", {"X": "1"})
+    assert env["DPLR_GEN_NO_JIT"] == "1" and env["TRITON_INTERPRET"] == "1" and env["X"] == "1"
+    assert str(C.REPO) in env["PYTHONPATH"].split(":")
+    assert "DPLR_GEN_NO_JIT" not in C.worker_env("cuda", allow_jit=True) or C.worker_env("cuda", allow_jit=True)[
+        "DPLR_GEN_NO_JIT"] == __import__("os").environ.get("DPLR_GEN_NO_JIT")
+
+
+FAKE_WORKER = """
+import sys, time, json
+jobs = sys.argv[sys.argv.index("--jobs") + 1].split(",")
+for j in jobs:
+    if j == "crash":
+        print("dying", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if j == "hang":
+        time.sleep(60)
+    if j == "lost":  # answers, then finds its device unusable
+        print("RESULT " + json.dumps({"job": j, "error": "illegal address"}), flush=True)
+        sys.exit(75)
+    print("progress " + j, flush=True)
+    print("RESULT " + json.dumps({"job": j, "value": len(j)}), flush=True)
+"""
+
+
+def test_run_jobs_restarts_after_a_crash_and_stops_at_the_deadline(tmp_path: Path) -> None:
+    script = tmp_path / "w.py"
+    script.write_text(textwrap.dedent(FAKE_WORKER))
+    logged: list[str] = []
+    r = C.run_jobs([sys.executable, str(script)], ["a", "crash", "bb"], time.time() + 30, log=logged.append)
+    assert r["a"]["value"] == 1 and r["bb"]["value"] == 2
+    assert "exited with code 3" in r["crash"]["error"] and "dying" in r["crash"]["stderr_tail"]
+    assert any("progress a" in line for line in logged)
+    r = C.run_jobs([sys.executable, str(script)], ["a", "lost", "bb"], time.time() + 30, log=logged.append)
+    assert r["lost"]["error"] == "illegal address" and r["bb"]["value"] == 2  # a fresh worker ran bb
+    t0 = time.time()
+    r = C.run_jobs([sys.executable, str(script)], ["a", "hang", "c"], time.time() + 2.0, log=logged.append,
+                   min_left=0.5)
+    assert time.time() - t0 < 10
+    assert r["a"]["value"] == 1 and "timed out" in r["hang"]["error"] and r["c"]["error"].startswith("not run")
+    assert C.load_resume(None) == {}
+    p = tmp_path / "prev.json"
+    C.write_json(p, {"results": r})
+    assert set(C.load_resume(str(p))) == {"a"} and C.load_resume(str(p))["a"]["resumed_from"] == str(p)
+
+
+def test_bench_summary_ratios_floors_and_tables() -> None:
+    shapes = [C.Shape(4, 4096, 32, 64), bench.VARLEN, bench.DENSE_EQUIV]
+    systems = ["dplr-fast", "fla-best", "fla-default"]
+    res = {
+        "speed:dplr-fast:4x4096x32x64": {"fwd_ms": 1.0, "fwd_bwd_ms": 3.0, "peak_bytes": 2e9, "first_fwd_bwd_s": 0.5},
+        "speed:fla-best:4x4096x32x64": {"fwd_ms": 2.0, "fwd_bwd_ms": 6.0, "peak_bytes": 4e9},
+        "speed:fla-default:4x4096x32x64": {"error": "boom"},
+        f"speed:dplr-fast:{bench.VARLEN.label}": {"fwd_ms": 1.0, "fwd_bwd_ms": 2.0},
+        "speed:dplr-fast:1x32768x32x64": {"fwd_ms": 0.5, "fwd_bwd_ms": 2.5},
+        "acc:dplr-fast": {"errors": {"o": 1e-3}},
+        "cold:dplr-fast:4x4096x32x64": {"wall_s": 3.0, "first_fwd_bwd_s": 0.4},
+    }
+    speed, cold, acc = bench.summarise(res, shapes, systems)
+    assert len(speed) == 9
+    row = {(r["shape"], r["system"]): r for r in speed}
+    d = row[("4x4096x32x64", "dplr-fast")]
+    assert d["vs_fla_best_fwd"] == 0.5 and d["vs_fla_best_fwd_bwd"] == 0.5
+    assert d["x_floor_fwd_bwd"] == pytest.approx(3.0 / d["floor_fwd_bwd_ms"])
+    assert d["floor_fwd_ms"] == pytest.approx(0.158, abs=2e-3)
+    assert row[("4x4096x32x64", "fla-default")]["error"] == "boom"
+    assert row[(bench.VARLEN.label, "dplr-fast")]["vs_fla_best_fwd"] is None  # no baseline: no ratio
+    assert row[(bench.VARLEN.label, "fla-best")]["error"] == "not run"
+    assert row[(bench.VARLEN.label, "dplr-fast")]["vs_dense_equiv_fwd"] == 2.0
+    assert row[(bench.VARLEN.label, "dplr-fast")]["vs_dense_equiv_fwd_bwd"] == 0.8
+    assert row[("4x4096x32x64", "dplr-fast")]["vs_dense_equiv_fwd"] is None
+    assert cold == [{"system": "dplr-fast", "shape": "4x4096x32x64", "wall_s": 3.0, "load_s": None,
+                     "inputs_s": None, "first_fwd_bwd_s": 0.4, "finite": None, "error": None}]
+    assert acc["dplr-fast"]["errors"]["o"] == 1e-3 and acc["fla-best"]["error"] == "not run"
+    text = bench.tables(speed, cold, acc)
+    assert "boom" in text and "cold start" in text and "0.5" in text and "dense sequence, fwd+bwd: dplr-fast 0.80" in text
+    assert bench.input_group("speed:fla-best:4x4096x32x64") == "speed:4x4096x32x64"
+    assert bench.input_group("acc:fla-best") == "acc" and bench.input_group("cold:x:y") is None
+    same = C.same_inputs({"speed:a:s": {"checksums": {"r": 1.0}}, "speed:b:s": {"checksums": {"r": 1.0}},
+                          "acc:a": {"checksums": {"r": 1.0}}, "acc:b": {"checksums": {"r": 2.0}}}, bench.input_group)
+    assert same == {"speed:s": True, "acc": False}
+
+
+def test_gpu_check_judgement() -> None:
+    g = gpu_check
+    assert g.judge(4e-3, 5e-3) == ("PASS", "")
+    assert g.judge(6e-3, 5e-3)[0] == "FAIL" and "bound" in g.judge(6e-3, 5e-3)[1]
+    assert g.judge(3e-3, 5e-3, fla=2.7e-3) == ("PASS", "")  # 3e-3 <= 1.1 * 2.7e-3 + 1e-4 = 3.07e-3
+    assert g.judge(3e-3, 5e-3, fla=2.5e-3)[0] == "FAIL"  # 3e-3 > 2.85e-3: worse than fla
+    assert g.judge(float("inf"), 5e-3)[0] == "FAIL" and g.judge(None, 5e-3)[0] == "FAIL"
+    assert g.bounds_for("bfloat16", "o") == 5e-3 and g.bounds_for("bfloat16", "da") == 8e-3
+    assert g.bounds_for("float32", "dh0") == 1e-5 and g.bounds_for("float16", "ht") == 3e-3
+    assert g.CASES["report"].lengths == (4096,) and g.CASES["report"].h0 == "zeros"
+    assert (g.CASES["D128"].B, g.CASES["D128"].T, g.CASES["D128"].H, g.CASES["D128"].D) == (2, 4096, 4, 128)
+    jobs = [j for grp in g.job_groups() for j in grp]
+    assert len(jobs) == len(set(jobs)) and "scale-big" in jobs and g.job_groups()[-1][0].endswith(":fla-best")
+    assert g.job_groups(["scale"]) == [["scale-decode"], ["scale-big"]]
+    assert g.input_group("table:D64:fla-best") == "table:D64" and g.input_group("compile") is None
+
+
+def test_gpu_check_rows() -> None:
+    g = gpu_check
+    good = {q: 1e-3 for q in C.QUANTITIES}
+    res = {
+        "table:D64:dplr-fast": {"errors": good},
+        "table:D64:dplr-generic": {"errors": {**good, "da": 9e-3}},  # over the gradient bound
+        "table:D64:fla-best": {"errors": {q: 5e-4 for q in C.QUANTITIES}},  # dplr-fast is worse than fla here
+        "table:D128:dplr-fast": {"errors": good},
+        "table:D128:fla-best": {"error": "ImportError: fla not available"},
+        "report-raw:report:dplr-fast": {"ran": True, "finite": {q: False for q in C.QUANTITIES}},
+        "scale-big": {"over_2_31": True, "chunk_fast": {"errors": {"o": 1e-3, "ht": 1e-3}},
+                      "fused_recurrent": {"error": "RuntimeError: illegal memory access"}},
+        "scale-decode": {"errors": {"o": 1e-3, "ht": 1e-3}},
+        "compile": {"errors": {q: 0.0 for q in C.QUANTITIES}},
+    }
+    rows = {(r["check"], r["system"]): r for r in g.judge_all(res, g.CASES)}
+    assert rows[("table:D64", "dplr-fast")]["status"] == "FAIL"  # 1e-3 > 1.1 * 5e-4 + 1e-4
+    assert "worse than fla" in rows[("table:D64", "dplr-fast")]["cells"]["o"][2]
+    assert rows[("table:D64", "dplr-generic")]["cells"]["da"][1] == "FAIL"
+    assert rows[("table:D64", "fla-best")]["status"] == "info"
+    assert rows[("table:D128", "dplr-fast")]["status"] == "PASS"
+    assert "fla n/a" in rows[("table:D128", "dplr-fast")]["cells"]["o"][2]
+    assert rows[("table:D128", "fla-best")]["status"] == "n/a"
+    assert rows[("table:D128", "dplr-generic")]["status"] == "FAIL"  # not run
+    assert rows[("report-raw:report", "dplr-fast")]["status"] == "PASS"  # ran; non-finite is recorded only
+    assert rows[("report-raw:report", "dplr-generic")]["status"] == "FAIL"
+    assert rows[("scale-big:chunk_fast", "dplr-fast")]["status"] == "PASS"
+    assert rows[("scale-big:fused_recurrent", "fused_recurrent")]["status"] == "FAIL"
+    assert rows[("scale-decode", "fused_recurrent")]["status"] == "PASS"
+    assert rows[("compile", "dplr-fast")]["status"] == "PASS"
+    text = g.render(list(rows.values()))
+    assert "FAIL table:D64 dplr-fast" in text and "illegal memory access" in text and "yardstick" in text
+    small = dict(res, **{"scale-big": {"over_2_31": False, "chunk_fast": {"errors": {"o": 0.0, "ht": 0.0}}}})
+    rows = {(r["check"], r["system"]): r for r in g.judge_all(small, g.CASES)}
+    assert rows[("scale-big:chunk_fast", "dplr-fast")]["status"] == "FAIL"
+    rows = {(r["check"], r["system"]): r for r in g.judge_all(small, g.CASES, dry=True)}
+    assert rows[("scale-big:chunk_fast", "dplr-fast")]["status"] == "PASS"
+    assert math.isclose(g.FLA_FACTOR, 1.1) and g.FLA_SLACK == 1e-4
