@@ -136,7 +136,8 @@ def load(v, tune=None, flags=None) -> DevKernelSet:
 def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=None, flags=None, seed=None):
     """Forward + backward through the kernels vs float64 autograd of the reference; returns {name: rel err}."""
     seed = random.randrange(2**31) if seed is None else seed
-    print(f"seed={seed} variant={v.name} B={B} T={T} H={H} lens={lens} extreme={extreme} flags={flags}")
+    shape = f"B={B} T={T}" if lens is None else f"lens={lens}"
+    print(f"seed={seed} variant={v.name} {shape} H={H} extreme={extreme} flags={flags}")
     torch.manual_seed(seed)
     cu = None
     if lens is not None:
