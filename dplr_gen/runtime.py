@@ -38,6 +38,24 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.cache
+def interpreter_numpy_compat() -> None:
+    """Let Triton's interpreter run ``range(n)`` over computed bounds under numpy >= 2.4.
+
+    The interpreter (Triton 3.6) holds scalars as 1-element arrays and converts them with ``int()``, which
+    numpy 2.4 refuses for arrays of ndim 1. Take the single element instead. Only used when interpreting.
+    """
+    from triton.runtime import interpreter
+
+    orig = interpreter._patch_lang_tensor
+
+    def patched(tensor: Any, scope: Any) -> None:
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
 def device_target(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major * 10 + minor}"
@@ -127,6 +145,7 @@ class SpecPackage:
         entry = self.index["variants"][variant]["targets"][target]
         module = import_source(self.dir / entry["source"], f"dplr_gen_kernels.{self.name}.{entry['unit']}")
         if interpreting():
+            interpreter_numpy_compat()
             return KernelSet(module, None)
         if entry["flags"].get("needs_allocator"):
             _set_torch_allocator()

@@ -32,31 +32,16 @@ import jinja2  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from triton.runtime import interpreter as _interpreter  # noqa: E402
 
 from dplr_gen import chunk_driver  # noqa: E402
 from dplr_gen.reference import naive_dplr_delta_rule  # noqa: E402
 from dplr_gen.testing import rel_err, rwkv7_inputs  # noqa: E402
 
 
-def _patch_interpreter_index() -> None:
-    """Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into Python ints with int(),
-    which numpy >= 2.4 refuses for arrays of ndim 1: `for i in range(n)` with n computed from a program id
-    then fails. Use the single element instead (test-only patch, active while a kernel is interpreted)."""
-    orig = _interpreter._patch_lang_tensor
-    if getattr(orig, "_dplr_patched", False):
-        return
-
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._dplr_patched = True
-    _interpreter._patch_lang_tensor = patched
-
-
 if DEVICE == "cpu":
-    _patch_interpreter_index()
+    from dplr_gen.runtime import interpreter_numpy_compat  # noqa: E402
+
+    interpreter_numpy_compat()
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = "chunk_dplr.py.jinja"

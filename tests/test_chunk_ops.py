@@ -1,0 +1,145 @@
+"""The public chunk ops end to end (argument checks, variant choice, custom ops, autograd) in the interpreter,
+against the float64 reference: forward, every gradient, varlen, states, fla keywords, torch.compile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from dplr_gen import chunk_driver, ops
+from dplr_gen.testing import rel_err, rwkv7_inputs
+
+from .helpers import reference_with_grads, render_package
+
+SPEC = """
+name: chunk_ops_test
+targets: [sm_80]
+variants:
+  - ops: [chunk]
+    dtypes: [fp32, fp16]
+    head_dims: [32]
+    chunk_sizes: [16]
+    varlen: [false, true]
+    gate_bounds: [null, -0.61]
+"""
+NAMES = ("q", "k", "v", "a", "b", "gk", "initial_state")
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory: pytest.TempPathFactory):
+    return render_package(tmp_path_factory.mktemp("gen"), SPEC, "chunk_ops_test")
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunk_driver, "POISON", True)  # every buffer NaN before the kernels write it
+
+
+def run_op(pkg, x: dict[str, Any], **kw: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items() if t is not None}
+    o, ht = ops.chunk_dplr_delta_rule(**xs, output_final_state=True, package=pkg, **kw)
+    return o, ht, xs
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("lower_bound", [None, -0.61])
+def test_forward_backward(pkg, dtype: torch.dtype, bound: float, lower_bound: float | None) -> None:
+    x = rwkv7_inputs(2, 37, 2, 32, dtype=dtype)  # T not a multiple of the chunk
+    o, ht, xs = run_op(pkg, x, lower_bound=lower_bound)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    ro, rht, rg = reference_with_grads(x, None, None, do, dht)
+    assert o.dtype == dtype and ht.dtype == torch.float32
+    assert rel_err(o, ro) <= bound and rel_err(ht, rht) <= bound
+    for n in NAMES:
+        assert xs[n].grad.dtype == x[n].dtype
+        assert rel_err(xs[n].grad, rg[n]) <= bound, n
+
+
+def test_varlen_any_lengths(pkg) -> None:
+    lens = [1, 15, 16, 17, 33]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32, initial_state=False)
+    x["initial_state"] = torch.randn(len(lens), 2, 32, 32)
+    xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+    o, ht = ops.chunk_rwkv7(xs["q"], xs["gk"], xs["k"], xs["v"], xs["a"], xs["b"], scale=0.5,
+                            initial_state=xs["initial_state"], output_final_state=True, cu_seqlens=cu,
+                            cu_seqlens_cpu=cu, package=pkg)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    ro, rht, rg = reference_with_grads(x, 0.5, cu, do, dht)
+    assert rel_err(o, ro) <= 1e-5 and rel_err(ht, rht) <= 1e-5
+    for n in NAMES:
+        assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
+
+
+def test_extreme_gates_no_nan(pkg) -> None:
+    x = rwkv7_inputs(1, 40, 2, 32, dtype=torch.float32)
+    x["gk"][:, 3] = float("-inf")
+    x["gk"][:, 20:24] = 0.0
+    x["gk"][:, 30] = -50.0
+    o, ht, xs = run_op(pkg, x)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    ro, rht, rg = reference_with_grads(x, None, None, do, dht)
+    assert rel_err(o, ro) <= 1e-5 and rel_err(ht, rht) <= 1e-5
+    for n in NAMES:
+        assert torch.isfinite(xs[n].grad).all(), n
+        assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
+
+
+def test_t1_and_fla_keywords(pkg) -> None:
+    x = rwkv7_inputs(3, 1, 2, 32, dtype=torch.float32)
+    o, ht, _ = run_op(pkg, x, chunk_size=64, safe_gate=True, disable_recompute=True)
+    ro, rht, _ = reference_with_grads(x, None, None, torch.zeros(3, 1, 2, 32), torch.zeros(3, 2, 32, 32))
+    assert rel_err(o, ro) <= 1e-5 and rel_err(ht, rht) <= 1e-5
+    with pytest.raises(ValueError, match="chunk_size"):
+        run_op(pkg, x, chunk_size=48)
+    with pytest.raises(ValueError, match="lower_bound"):
+        run_op(pkg, x, lower_bound=0.5)
+
+
+def test_lower_bound_selects_bounded_variant(pkg) -> None:
+    loose = ops._select(pkg, "chunk", torch.float32, 32, 32, False, None, -0.61)
+    assert pkg.variants[loose].gate_bound == -0.61
+    # a weaker promise than the built bound cannot use the bounded variant: it falls back to the safe one
+    safe = ops._select(pkg, "chunk", torch.float32, 32, 32, False, None, -2.0)
+    assert pkg.variants[safe].gate_bound is None
+    assert pkg.variants[ops._select(pkg, "chunk", torch.float32, 32, 32, False)].gate_bound is None
+
+
+def test_torch_compile_fullgraph_with_backward(pkg) -> None:
+    torch._dynamo.reset()
+    x = rwkv7_inputs(1, 20, 1, 32, dtype=torch.float32)
+
+    def loss(q, k, v, a, b, gk, h0):
+        o, ht = ops.chunk_dplr_delta_rule(q, k, v, a, b, gk, initial_state=h0, output_final_state=True,
+                                          lower_bound=-0.61, package=pkg)
+        return (o * o).sum() + ht.sum()
+
+    def grads(f):
+        xs = [x[n].detach().clone().requires_grad_(True) for n in NAMES]
+        f(*xs).backward()
+        return [t.grad for t in xs]
+
+    eager = grads(loss)
+    compiled = grads(torch.compile(loss, fullgraph=True, backend="aot_eager"))
+    for e, c in zip(eager, compiled):
+        assert rel_err(c, e) < 1e-6
+
+
+def test_shipped_package_and_top_level_dispatch() -> None:
+    import dplr_gen
+    import generated.ampere as g
+
+    x = rwkv7_inputs(1, 5, 1, 64, dtype=torch.float32)
+    o1, h1 = g.chunk_rwkv7(x["q"], x["gk"], x["k"], x["v"], x["a"], x["b"], initial_state=x["initial_state"],
+                           output_final_state=True, lower_bound=-0.61)
+    o2, h2 = dplr_gen.chunk_rwkv7(x["q"], x["gk"], x["k"], x["v"], x["a"], x["b"],
+                                  initial_state=x["initial_state"], output_final_state=True)
+    ro, rht, _ = reference_with_grads(x, 1.0, None, torch.zeros_like(o1), torch.zeros_like(h1))
+    for o, h in ((o1, h1), (o2, h2)):
+        assert rel_err(o, ro) <= 1e-5 and rel_err(h, rht) <= 1e-5
+    assert "chunk_bf16_k64_v64_c16_dense_gbm0p61_gfp32_sfp32" in g.variants
