@@ -235,6 +235,88 @@ def clean(
     out.print(f"{plan.spec.name}: removed the manifest and {removed} cached kernels")
 
 
+@app.command()
+def compat(
+    triton: Optional[str] = typer.Option(
+        None, "--triton", help="Triton releases, comma-separated, e.g. 3.1.0,3.2.0,3.6.0 (default: the latest "
+        "patch of each minor 3.1 to 3.9 on the package index)"),
+    specs: Optional[list[str]] = typer.Option(
+        None, "--specs", help="spec files (default: every specs/*.yaml); `--specs A B`, `--specs A,B` or "
+        "repeated --specs"),
+    extra_specs: Optional[list[str]] = typer.Argument(None, hidden=True, metavar="[SPEC]..."),
+    sample: bool = typer.Option(
+        True, "--sample/--full", help="sample: per (spec, arch, Triton) one variant per (op, gate mode, dtype) "
+        "at the largest head dim with varlen on; full: every variant"),
+    jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, help="compiles run in parallel"),
+    targets: Optional[str] = typer.Option(None, "--targets", help="only these archs, e.g. sm_80,sm_90"),
+    ops: Optional[str] = typer.Option(None, "--ops", help="only these ops: chunk, fused_recurrent"),
+    dtypes: Optional[str] = typer.Option(None, "--dtypes", help="only these dtypes: bf16, fp16, fp32"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="where compat.md and compat.json go "
+                                           "(default: docs/ of this repository)"),
+    kernel_cache: Optional[Path] = typer.Option(
+        None, "--kernel-cache", help="keep compiled kernels here across runs (default: a temporary folder, so "
+        "every kernel is compiled and checked afresh and the user's cache is untouched)"),
+    timeout: float = typer.Option(900.0, "--timeout", help="seconds per unit before its compile counts as FAILED"),
+) -> None:
+    """Build every spec under several Triton releases (one venv each) and write docs/compat.md + .json."""
+    import shlex
+
+    from . import compat as c
+
+    spec_args = [x for s in [*(specs or []), *(extra_specs or [])] for x in s.split(",") if x]
+    spec_paths = [Path(x) for x in spec_args] or sorted(c.SPECS_DIR.glob("*.yaml"))
+    missing = [str(p) for p in spec_paths if not p.is_file()]
+    if missing:
+        raise _fail(f"no such spec file: {', '.join(missing)}")
+    try:
+        if triton:
+            versions = c.parse_versions(triton)
+        else:
+            versions = c.default_versions(c.available_triton_versions())
+    except (ValueError, RuntimeError) as e:
+        raise _fail(str(e)) from None
+    known_ops = {"chunk", "fused_recurrent"}
+    op_list = [x for x in (ops or "").split(",") if x] or None
+    if op_list and set(op_list) - known_ops:
+        raise _fail(f"unknown op(s) {sorted(set(op_list) - known_ops)}; ops are {sorted(known_ops)}")
+    dtype_list = [x for x in (dtypes or "").split(",") if x] or None
+    if dtype_list and set(dtype_list) - {"bf16", "fp16", "fp32"}:
+        raise _fail(f"unknown dtype(s) {sorted(set(dtype_list) - {'bf16', 'fp16', 'fp32'})}; dtypes are bf16, fp16, fp32")
+    target_list = [x if x.startswith("sm_") else f"sm_{x}" for x in (targets or "").split(",") if x] or None
+    # the exact command, normalized: what the header of docs/compat.md says to rerun
+    words = ["dplr-gen", "compat", "--sample" if sample else "--full"]
+    words += ["--triton", ",".join(map(str, versions))] if triton else []
+    words += ["--specs", *spec_args] if spec_args else []
+    words += ["--targets", ",".join(target_list)] if target_list else []
+    words += ["--ops", ",".join(op_list)] if op_list else []
+    words += ["--dtypes", ",".join(dtype_list)] if dtype_list else []
+    words += ["--jobs", str(jobs)]
+    command = shlex.join(words) + ("" if triton else f"  (default releases: {', '.join(map(str, versions))})")
+    err.print(f"compat: Triton {', '.join(map(str, versions))}; specs {', '.join(map(str, spec_paths))}; "
+              f"{'sample' if sample else 'full'}; {jobs} jobs", highlight=False, soft_wrap=True)
+    opts = c.Options(
+        specs=spec_paths, versions=versions, sample=sample, jobs=jobs, targets=target_list, ops=op_list,
+        dtypes=dtype_list,
+        kernel_cache=kernel_cache, timeout=timeout, command=command,
+    )
+    try:
+        data = c.run(opts, log=lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True),
+                     checkpoint=lambda partial: c.write_outputs(partial, out_dir or c.DOCS_DIR))
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    j, md = c.write_outputs(data, out_dir or c.DOCS_DIR)
+    counts: dict[str, int] = {}
+    for cell in data["cells"]:
+        counts[cell["status"]] = counts.get(cell["status"], 0) + 1
+        if cell["status"] == "failed":
+            err.print(f"[bold red]FAILED[/] {cell['spec']} {cell['target']} Triton {cell['triton']}: "
+                      f"{c._short_error(cell['error'], 400)}", highlight=False, soft_wrap=True)
+    out.print(f"{len(data['cells'])} cells: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+              + f"; {data['wall_seconds']:.0f} s -> {md}, {j}", highlight=False, soft_wrap=True)
+    if c.any_failed(data):
+        raise typer.Exit(EXIT_BUILD_FAILED)
+
+
 def main() -> None:
     app()
 

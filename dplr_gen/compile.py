@@ -119,17 +119,26 @@ def run_job(job: CompileJob) -> CompileOutcome:
     return out
 
 
-def run_in_subprocess(job: CompileJob, timeout: float = 900.0) -> CompileOutcome:
-    """Run a job in a fresh interpreter; a crash there becomes an error outcome here."""
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_in_subprocess(job: CompileJob, timeout: float = 900.0, python: str = sys.executable) -> CompileOutcome:
+    """Run a job in a fresh interpreter; a crash there becomes an error outcome here.
+
+    ``python``: the interpreter to compile with, e.g. one of a virtual environment holding another Triton
+    release (``dplr-gen compat``). It needs only triton, filelock, platformdirs and packaging: the repository
+    root goes on its PYTHONPATH so that it imports this package from here.
+    """
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(asdict(job), f)
         job_path = f.name
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)  # compiling needs the real compiler
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     where = f"{job.unit} for {job.target} with Triton {job.triton_version}"
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "dplr_gen.compile", job_path],
+            [python, "-m", "dplr_gen.compile", job_path],
             capture_output=True, text=True, timeout=timeout, env=env,
         )
     except subprocess.TimeoutExpired:

@@ -1,0 +1,228 @@
+"""``dplr-gen compat``: cells from the registry and compiles, sampling, the generated table, and one real run
+under the installed Triton (no environment is made, nothing is downloaded)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+from typer.testing import CliRunner
+
+from dplr_gen import compat as c
+from dplr_gen.build import REPO_ROOT, installed_triton
+from dplr_gen.compile import CompileOutcome
+from dplr_gen.spec import load_spec
+from dplr_gen.variants import build_units
+
+TINY = """
+name: tiny
+targets: [{targets}]
+variants:
+  - ops: [fused_recurrent]
+    dtypes: [fp32]
+    head_dims: [32, 64]
+    varlen: [false, true]
+"""
+
+
+def _spec(tmp_path: Path, targets: str, name: str = "tiny") -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(TINY.format(targets=targets).replace("name: tiny", f"name: {name}"))
+    return p
+
+
+def _synthetic() -> dict:
+    built = c._cell("demo", "sm_90", "3.2.0")
+    built.update(status="built", variants_total=4, variants_compiled=2, variants_skipped=2,
+                 quirk_effects={"hopper-chained-dot-reshape-abort": 2, "hopper-transposed-dot-result-wrong": 0},
+                 active=["hopper-chained-dot-reshape-abort", "hopper-transposed-dot-result-wrong"],
+                 units=[{"unit": "u1__sm_90", "ok": True, "error": "", "seconds": 3.0, "kernels": []},
+                        {"unit": "u2__sm_90", "ok": True, "error": "", "seconds": 4.0, "kernels": []}])
+    failed = c._cell("demo", "sm_90", "3.6.0")
+    failed.update(status="failed", variants_total=4, variants_compiled=1, variants_skipped=3,
+                  error="u1__sm_90: the compiler aborted inside the compiler (SIGABRT)",
+                  units=[{"unit": "u1__sm_90", "ok": False, "seconds": 1.0, "kernels": [],
+                          "error": "the compiler aborted inside the compiler (SIGABRT)\nAllocation.cpp:42",
+                          "flags": {"no_mma_chaining": True}, "tune": {"fwd": {"num_warps": 8}}}])
+    refused = c._cell("demo", "sm_100", "3.2.0")
+    refused.update(status="refused", refusal="Triton < 3.3 cannot target sm_100 [sm100-not-targetable]",
+                   active=["sm100-not-targetable"])
+    plain = c._cell("demo", "sm_100", "3.6.0")
+    plain.update(status="built", variants_total=2, variants_compiled=2,
+                 units=[{"unit": "u1__sm_100", "ok": True, "error": "", "seconds": 2.0, "kernels": []}])
+    q = {"archs": [90], "triton": ">=3.2,<3.3", "pattern": "a | pattern", "effect": "abort",
+         "reference": "https://example.org/1", "avoid": {"max_num_warps": 4}}
+    return {
+        "schema": 1, "command": "dplr-gen compat --sample --triton 3.2.0,3.6.0 --jobs 2",
+        "generated_at": "2026-01-01 00:00 UTC", "wall_seconds": 12.0, "mode": "sample",
+        "machine": {"platform": "Linux-x", "cpus": 2, "python": "3.11.0"}, "installed_triton": "3.6.0",
+        "source": {"commit": "abc", "uncommitted": []}, "filters": {"targets": None, "ops": None},
+        "versions": [
+            {"version": "3.2.0", "env": "own venv", "error": None, "units_compiled": 2, "units_failed": 0,
+             "kernels": 2, "unit_seconds": 7.0, "kernel_compile_seconds": 5.0,
+             "slowest_kernel": {"unit": "u2__sm_90", "kernel": "k", "compile_s": 3.5}},
+            {"version": "3.6.0", "env": "installed (this interpreter)", "error": None, "units_compiled": 2,
+             "units_failed": 1, "kernels": 1, "unit_seconds": 3.0, "kernel_compile_seconds": 1.0,
+             "slowest_kernel": None},
+        ],
+        "specs": [{"name": "demo", "file": "specs/demo.yaml", "targets": ["sm_90", "sm_100"],
+                   "filtered": [["x", "a reason"], ["y", "a reason"]]}],
+        "cells": [built, failed, refused, plain],
+        "quirks": {"hopper-chained-dot-reshape-abort": q,
+                   "hopper-transposed-dot-result-wrong": {**q, "effect": "miscompile", "avoid": {}},
+                   "sm100-not-targetable": {**q, "archs": [100], "avoid": {"refuse": "Triton < 3.3 cannot"}}},
+    }
+
+
+def test_markdown_from_synthetic_result() -> None:
+    data = _synthetic()
+    md = c.render_markdown(data)
+    assert md == c.render_markdown(json.loads(json.dumps(data)))  # only the JSON goes in
+    lines = md.splitlines()
+    assert "Do not edit" in md and "`dplr-gen compat --sample --triton 3.2.0,3.6.0 --jobs 2`" in md
+    assert "2026-01-01 00:00 UTC" in md and "Linux-x" in md and "**sample**" in md
+    assert "## demo (`specs/demo.yaml`)" in md
+    assert "| arch | Triton 3.2.0 | Triton 3.6.0 |" in lines
+    row90 = next(x for x in lines if x.startswith("| sm_90 |"))
+    cells90 = [x.strip() for x in row90.split(" | ")]
+    assert cells90[1] == ("built, quirks avoided: hopper-chained-dot-reshape-abort, "
+                          "hopper-transposed-dot-result-wrong° (2/4 compiled, 2 skipped by sampling)")
+    assert cells90[2].startswith("**FAILED** (1 of 1; 1/4 compiled, 3 skipped by sampling)")
+    row100 = next(x for x in lines if x.startswith("| sm_100 |"))
+    assert "refused: Triton < 3.3 cannot target sm_100 [sm100-not-targetable]" in row100
+    assert row100.rstrip().endswith("built (2/2 compiled) |")
+    # sections: failures with the unit's flags and the error, registry entries, refusals, timings
+    assert "## Failures" in md and "Allocation.cpp:42" in md and "no_mma_chaining=True" in md
+    assert "- **hopper-chained-dot-reshape-abort** (sm 90; Triton >=3.2,<3.3; abort): a \\| pattern." in md
+    assert "Reference: https://example.org/1" in md
+    assert "## Refusals" in md and "sm_100 x 3.2.0" in md
+    assert "2 x \"a reason\"" in md
+    assert any(x.startswith("| 3.2.0 | own venv | 2 | 0 | 2 |") and x.endswith("u2__sm_90: 4.0 s (ok) |") for x in lines)
+    assert c.any_failed(data)
+
+
+def test_sample_one_per_op_gate_dtype_at_largest_head_dim_varlen() -> None:
+    spec = load_spec(REPO_ROOT / "specs" / "ampere.yaml")
+    units, _ = build_units(spec, Version("3.6.0"))
+    chosen, skipped = c.sample_units(units)
+    assert len(chosen) + len(skipped) == len(units)
+    keys = [(u.target, u.variant.op, c.gate_mode(u), u.variant.dtype) for u in chosen]
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {(u.target, u.variant.op, c.gate_mode(u), u.variant.dtype) for u in units}
+    assert len(chosen) == 2 * 3 * 3  # sm_80, sm_86 x (chunk bounded, chunk generic, fused) x 3 dtypes
+    for u in chosen:
+        assert u.variant.K == 128 and u.variant.V == 128 and u.variant.varlen, u.name
+    assert c.sample_units(list(reversed(units)))[0] == list(reversed(chosen))  # order-independent choice
+
+
+def test_default_versions_latest_patch_per_minor() -> None:
+    avail = [Version(x) for x in "3.9.0 3.8.0 3.7.1 3.7.0 3.5.1 3.5.0 3.3.1 3.3.0 3.2.0 3.1.0 3.0.0 2.3.1 "
+             "3.10.0rc1".split()]
+    assert [str(v) for v in c.default_versions(avail)] == [
+        "3.1.0", "3.2.0", "3.3.1", "3.5.1", "3.7.1", "3.8.0", "3.9.0"]
+    assert c.parse_versions("3.2.0, 3.6.0,3.2.0") == [Version("3.2.0"), Version("3.6.0")]
+    with pytest.raises(ValueError):
+        c.parse_versions("3.x")
+
+
+@pytest.fixture()
+def fake_compile(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Compiles recorded, never run; every Triton 'environment' is this interpreter."""
+    calls: list = []
+
+    def fake(job, timeout=900.0, python=sys.executable):
+        calls.append((job.target, job.triton_version, job.unit))
+        if job.target == "sm_80" and job.triton_version == "3.2.0":
+            return CompileOutcome(job.unit, job.target, False, error="the compiler aborted (SIGABRT)")
+        return CompileOutcome(job.unit, job.target, True,
+                              kernels=[{"kernel": "k", "shared": 0, "num_warps": 4, "compile_s": 0.1}])
+
+    def no_venv(*a, **k):
+        raise AssertionError("no environment may be made here")
+
+    monkeypatch.setattr(c, "run_in_subprocess", fake)
+    monkeypatch.setattr(c, "ensure_venv", no_venv)
+    monkeypatch.setattr(c, "_child_triton", lambda py: "(checked)")
+    return calls
+
+
+def test_refusals_come_from_registry_without_compiling(tmp_path: Path, fake_compile: list) -> None:
+    spec = _spec(tmp_path, "sm_100, sm_120")
+    data = c.run(c.Options(specs=[spec], versions=[Version("3.1.0"), Version("3.2.0")], jobs=1,
+                           pythons={"3.1.0": sys.executable, "3.2.0": sys.executable}))
+    assert fake_compile == []
+    cells = {(x["target"], x["triton"]): x for x in data["cells"]}
+    assert {x["status"] for x in cells.values()} == {"refused"}
+    assert "[sm100-not-targetable]" in cells[("sm_100", "3.2.0")]["refusal"]
+    assert "[sm120-no-tensor-core-dot]" in cells[("sm_120", "3.2.0")]["refusal"]
+    assert "[sm120-not-targetable-3.1]" in cells[("sm_120", "3.1.0")]["refusal"]
+    assert all(v["python"] is None for v in data["versions"])  # nothing to compile: no environment asked for
+    assert not c.any_failed(data)
+    assert "refused: Triton < 3.3 cannot target sm_100" in c.render_markdown(data)
+
+
+def test_cells_built_with_quirks_and_failed(tmp_path: Path, fake_compile: list,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    versions = {"3.1.0": Version("3.1.0"), "3.2.0": Version("3.2.0")}
+    checked = iter(["3.1.0", "3.2.0"])
+    monkeypatch.setattr(c, "_child_triton", lambda py: next(checked))
+    spec = _spec(tmp_path, "sm_80, sm_90, sm_100")
+    partial: list = []
+    data = c.run(c.Options(specs=[spec], versions=list(versions.values()), jobs=1,
+                           pythons={k: sys.executable for k in versions}), checkpoint=partial.append)
+    # after each unit but the last, a partial result that renders as an incomplete table
+    assert len(partial) == 3 and not any(x["complete"] for x in partial) and data["complete"]
+    assert any(x["status"] == "pending" for x in partial[0]["cells"])
+    assert "INCOMPLETE" in c.render_markdown(partial[0]) and "not finished (0 of 1" in c.render_markdown(partial[0])
+    assert "INCOMPLETE" not in c.render_markdown(data)
+    cells = {(x["target"], x["triton"]): x for x in data["cells"]}
+    assert not any(t == "sm_100" for t, _, _ in fake_compile)  # refused up front
+    assert len(fake_compile) == 4  # sample: one unit per (sm_80, sm_90) x 2 releases
+    assert cells[("sm_100", "3.1.0")]["status"] == "refused"
+    # an abort is a FAILED cell, not an exception
+    assert cells[("sm_80", "3.2.0")]["status"] == "failed" and "SIGABRT" in cells[("sm_80", "3.2.0")]["error"]
+    h = cells[("sm_90", "3.1.0")]
+    assert h["status"] == "built" and h["variants_compiled"] == 1 and h["variants_skipped"] == 3
+    # the 3.1 entry caps warps (the spec's default is 4 already) and sets a flag sm_90 sets anyway: no change
+    assert h["quirk_effects"] == {"hopper-mma-to-mma-abort": 0}
+    assert "built, quirks avoided: hopper-mma-to-mma-abort° (1/4 compiled, 3 skipped by sampling)" in \
+        c.cell_text(h)
+    assert c.any_failed(data)
+
+
+def test_quirk_effect_counts_units_it_changes(tmp_path: Path) -> None:
+    p = tmp_path / "w8.yaml"
+    p.write_text("name: w8\ntargets: [sm_90]\nvariants:\n  - ops: [fused_recurrent]\n    dtypes: [bf16]\n"
+                 "    head_dims: [64]\n    varlen: [true]\ntuning:\n  fused_recurrent.fwd: {num_warps: 8}\n")
+    spec = load_spec(p)
+    units, _ = build_units(spec, Version("3.1.0"))
+    assert c.quirk_effects(spec, "sm_90", Version("3.1.0"), units) == {"hopper-mma-to-mma-abort": 1}
+
+
+@pytest.mark.skipif(installed_triton() is None, reason="needs an installed Triton")
+def test_end_to_end_installed_triton(tmp_path: Path) -> None:
+    """Real compiles (fused recurrent, fast) for sm_80 and sm_90 with the installed Triton, via the CLI."""
+    from dplr_gen.cli import app
+
+    tv = str(installed_triton())
+    spec = _spec(tmp_path, "sm_80, sm_90", name="tiny_e2e")
+    out = tmp_path / "docs"
+    res = CliRunner().invoke(app, ["compat", "--triton", tv, "--specs", str(spec), "--out", str(out), "-j", "2"])
+    assert res.exit_code == 0, res.output
+    md = (out / "compat.md").read_text()
+    data = json.loads((out / "compat.json").read_text())
+    assert md == c.render_markdown(data)
+    assert f"Generated by `dplr-gen compat --sample --triton {tv} --specs {spec} --jobs 2`" in md
+    assert f"| arch | Triton {tv} |" in md
+    row80 = next(x for x in md.splitlines() if x.startswith("| sm_80 |"))
+    row90 = next(x for x in md.splitlines() if x.startswith("| sm_90 |"))
+    assert "| built (1/4 compiled, 3 skipped by sampling) |" in row80
+    assert "built" in row90 and "(1/4 compiled, 3 skipped by sampling)" in row90 and "FAILED" not in row90
+    (cell80,) = [x for x in data["cells"] if x["target"] == "sm_80"]
+    (unit,) = cell80["units"]
+    assert unit["variant"] == "fused_recurrent_fp32_k64_v64_varlen_gany_gfp32_sfp32_ieee"
+    assert unit["ok"] and unit["kernels"] and unit["kernels"][0]["compile_s"] > 0
+    assert data["versions"][0]["env"] == "installed (this interpreter)"
