@@ -108,12 +108,15 @@ def _check_inputs(
     return {"B": B, "T": T, "H": H, "K": K, "V": V, "N": N, "scale": float(scale), "offsets": offsets}
 
 
-@torch.compiler.assume_constant_result  # depends only on static facts (dtypes, shapes, the package)
+@torch.compiler.assume_constant_result  # depends only on static facts: the package folder, dtypes, shapes
 def _select(
-    package: "SpecPackage", op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
+    pkg_dir: str, op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
     chunk_size: int | None = None, lower_bound: float | None = None,
 ) -> str:
     """The best built variant that honours the request exactly; otherwise a ValueError listing what exists."""
+    from .runtime import package_at
+
+    package = package_at(pkg_dir)
     dname = DTYPE_NAMES[dtype]
     same = [
         (n, v) for n, v in package.variants.items()
@@ -234,7 +237,7 @@ def _fused_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> 
     q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
     package = package_at(pkg)
     var = package.variants[variant]
-    chunk = _select(package, "chunk", q.dtype, var.K, var.V, var.varlen)
+    chunk = _select(pkg, "chunk", q.dtype, var.K, var.V, var.varlen)
     if package.variants[chunk].gate_dtype != var.gate_dtype:
         raise ValueError(f"backward of {variant} needs a chunk variant with gate dtype {var.gate_dtype}")
     grads = _chunk_bwd(pkg, chunk, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht)
@@ -259,7 +262,8 @@ def _run(
     if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and lower_bound < 0):
         raise ValueError(f"lower_bound must be a negative float (a promise that gk >= lower_bound) or None, got {lower_bound!r}")
     q, k, v, a, b, g = tensors
-    variant = _select(package, op, q.dtype, info["K"], info["V"], cu_seqlens is not None, chunk_size, lower_bound)
+    variant = _select(str(package.dir), op, q.dtype, info["K"], info["V"], cu_seqlens is not None, chunk_size,
+                      lower_bound)
     var = package.variants[variant]
     g = g.to(TORCH_DTYPES[var.gate_dtype])
     if initial_state is None:

@@ -102,12 +102,12 @@ def test_t1_and_fla_keywords(pkg) -> None:
 
 
 def test_lower_bound_selects_bounded_variant(pkg) -> None:
-    loose = ops._select(pkg, "chunk", torch.float32, 32, 32, False, None, -0.61)
+    loose = ops._select(str(pkg.dir), "chunk", torch.float32, 32, 32, False, None, -0.61)
     assert pkg.variants[loose].gate_bound == -0.61
     # a weaker promise than the built bound cannot use the bounded variant: it falls back to the safe one
-    safe = ops._select(pkg, "chunk", torch.float32, 32, 32, False, None, -2.0)
+    safe = ops._select(str(pkg.dir), "chunk", torch.float32, 32, 32, False, None, -2.0)
     assert pkg.variants[safe].gate_bound is None
-    assert pkg.variants[ops._select(pkg, "chunk", torch.float32, 32, 32, False)].gate_bound is None
+    assert pkg.variants[ops._select(str(pkg.dir), "chunk", torch.float32, 32, 32, False)].gate_bound is None
 
 
 def test_torch_compile_fullgraph_with_backward(pkg) -> None:
@@ -115,8 +115,9 @@ def test_torch_compile_fullgraph_with_backward(pkg) -> None:
     x = rwkv7_inputs(1, 20, 1, 32, dtype=torch.float32)
 
     def loss(q, k, v, a, b, gk, h0):
-        o, ht = ops.chunk_dplr_delta_rule(q, k, v, a, b, gk, initial_state=h0, output_final_state=True,
-                                          lower_bound=-0.61, package=pkg)
+        # through the package's bound op, keyword arguments, as users call it
+        o, ht = pkg.chunk_rwkv7(r=q, w=gk, k=k, v=v, a=a, b=b, scale=1.0, initial_state=h0,
+                                output_final_state=True, lower_bound=-0.61)
         return (o * o).sum() + ht.sum()
 
     def grads(f):
