@@ -403,5 +403,5 @@ CONSTEXPRS = {
 LAUNCH = {
     "chunk_dplr_fwd_kernel": {"num_warps": 4, "num_stages": 2},
     "chunk_dplr_bwd_dh_kernel": {"num_warps": 4, "num_stages": 2},
-    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 2},
+    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 1},
 }
