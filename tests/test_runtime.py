@@ -1,0 +1,62 @@
+"""Run-time loading: no compiled kernels + DPLR_GEN_NO_JIT=1 is a clear error; a GPU no target covers is a clear
+error naming the GPU, the targets and how to add a spec; the JIT fallback warns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dplr_gen import runtime
+from dplr_gen.runtime import NotBuiltError, UnsupportedDeviceError
+
+from .helpers import render_package
+
+SPEC = """
+name: rt_test
+targets: [sm_80, sm_90]
+variants:
+  - ops: [fused_recurrent]
+    dtypes: [fp16]
+    head_dims: [32]
+    varlen: [false]
+"""
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory: pytest.TempPathFactory):
+    return render_package(tmp_path_factory.mktemp("gen"), SPEC, "rt_test")
+
+
+def test_no_jit_without_build_is_an_error(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("DPLR_GEN_NO_JIT", "1")
+    with pytest.raises(NotBuiltError) as e:
+        pkg._load(pkg.variant_names[0], "sm_90")
+    msg = str(e.value)
+    assert "DPLR_GEN_NO_JIT=1" in msg and "dplr-gen build" in msg and "no manifest.json" in msg
+
+
+def test_jit_fallback_warns(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("DPLR_GEN_NO_JIT", raising=False)
+    with pytest.warns(UserWarning, match="compiling with Triton's JIT"):
+        ks = pkg._load(pkg.variant_names[0], "sm_80")
+    assert not ks.aot
+
+
+def test_uncovered_gpu_is_named(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "device_target", lambda device: "sm_120")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 5090")
+    with pytest.raises(UnsupportedDeviceError) as e:
+        pkg.target_for(torch.device("cuda", 0))
+    msg = str(e.value)
+    assert "RTX 5090" in msg and "sm_120" in msg and "sm_80, sm_90" in msg and "specs/" in msg
+
+
+def test_dispatcher_names_built_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "device_target", lambda device: "sm_75")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    with pytest.raises(UnsupportedDeviceError) as e:
+        runtime.default_package().package_for(torch.device("cuda", 0))
+    msg = str(e.value)
+    assert "Tesla T4" in msg and "ampere -> sm_80, sm_86" in msg and "hopper -> sm_90" in msg
