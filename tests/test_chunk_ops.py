@@ -144,3 +144,33 @@ def test_shipped_package_and_top_level_dispatch() -> None:
     for o, h in ((o1, h1), (o2, h2)):
         assert rel_err(o, ro) <= 1e-5 and rel_err(h, rht) <= 1e-5
     assert "chunk_bf16_k64_v64_c16_dense_gbm0p61_gfp32_sfp32" in g.variants
+
+
+NARROW = """
+name: chunk_narrow_test
+targets: [sm_86]
+variants:
+  - ops: [chunk]
+    dtypes: [fp32]
+    head_dims: [[32, 48]]
+    chunk_sizes: [16]
+    varlen: [false]
+    gate_bounds: [null, -0.61]
+target_tuning:
+  sm_86:
+    chunk.bwd: {block_v: 16}
+"""
+
+
+@pytest.mark.parametrize("lower_bound", [None, -0.61])
+def test_narrow_v_tiles_in_backward(tmp_path_factory: pytest.TempPathFactory, lower_bound: float | None) -> None:
+    """The 99 KB archs run the backward with 16-wide V tiles (specs' target_tuning): several V blocks."""
+    pkg = render_package(tmp_path_factory.mktemp("gen"), NARROW, "chunk_narrow_test")
+    x = rwkv7_inputs(1, 21, 2, 32, 48, dtype=torch.float32)
+    o, ht, xs = run_op(pkg, x, lower_bound=lower_bound)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    ro, rht, rg = reference_with_grads(x, None, None, do, dht)
+    assert rel_err(o, ro) <= 1e-5 and rel_err(ht, rht) <= 1e-5
+    for n in NAMES:
+        assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n

@@ -380,7 +380,7 @@ SIGNATURES = {
 CONSTEXPRS = {
     "chunk_dplr_fwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 64},
     "chunk_dplr_bwd_dh_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 64},
-    "chunk_dplr_bwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 64},
+    "chunk_dplr_bwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 16},
 }
 LAUNCH = {
     "chunk_dplr_fwd_kernel": {"num_warps": 4, "num_stages": 1},

@@ -383,7 +383,7 @@ SIGNATURES = {
 CONSTEXPRS = {
     "chunk_dplr_fwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
     "chunk_dplr_bwd_dh_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
-    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
+    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 16},
 }
 LAUNCH = {
     "chunk_dplr_fwd_kernel": {"num_warps": 4, "num_stages": 1},
