@@ -96,7 +96,8 @@ def list_(spec: Path = typer.Argument(..., help="spec file")) -> None:
     failed = {f["unit"]: f["error"] for f in manifest.get("failures", [])}
     stale = set(b.stale_files(plan))
     table = Table(title=f"{plan.spec.name}: {len(plan.units)} units, Triton {plan.triton_version}")
-    for col in ("unit", "target", "status", "shared mem", "warps", "quirks avoided"):
+    table.add_column("variant", overflow="fold")  # names spell every parameter: never cut them
+    for col in ("target", "status", "shared mem", "warps", "quirks avoided"):
         table.add_column(col)
     for u in plan.units:
         rec = manifest["units"].get(u.name)
