@@ -170,9 +170,17 @@ def _chunk_fwd(
     return o, ht
 
 
-@_chunk_fwd.register_fake
-def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
+def _fwd_fake(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
     return v.new_empty(v.shape), h0.new_empty(h0.shape)
+
+
+def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs
+    ctx.meta = (pkg, variant, scale)
+    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens)
+
+
+_chunk_fwd.register_fake(_fwd_fake)
 
 
 @torch.library.custom_op("dplr_gen::chunk_bwd", mutates_args=())
@@ -193,12 +201,6 @@ def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht):  # type:
     return tuple(t.new_empty(t.shape) for t in (q, k, v, a, b, gk, h0))
 
 
-def _chunk_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs
-    ctx.meta = (pkg, variant, scale)
-    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens)
-
-
 def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
     pkg, variant, scale = ctx.meta
     q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
@@ -206,7 +208,7 @@ def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> 
     return (None, None, *grads, None, None)
 
 
-torch.library.register_autograd("dplr_gen::chunk_fwd", _chunk_backward, setup_context=_chunk_setup)
+torch.library.register_autograd("dplr_gen::chunk_fwd", _chunk_backward, setup_context=_save_inputs)
 
 
 @torch.library.custom_op("dplr_gen::fused_recurrent_fwd", mutates_args=())
@@ -218,15 +220,7 @@ def _fused_fwd(
     return fused_recurrent_driver.fused_recurrent_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
 
 
-@_fused_fwd.register_fake
-def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
-    return v.new_empty(v.shape), h0.new_empty(h0.shape)
-
-
-def _fused_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs
-    ctx.meta = (pkg, variant, scale)
-    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens)
+_fused_fwd.register_fake(_fwd_fake)
 
 
 def _fused_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
@@ -244,7 +238,7 @@ def _fused_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> 
     return (None, None, *grads, None, None)
 
 
-torch.library.register_autograd("dplr_gen::fused_recurrent_fwd", _fused_backward, setup_context=_fused_setup)
+torch.library.register_autograd("dplr_gen::fused_recurrent_fwd", _fused_backward, setup_context=_save_inputs)
 
 
 # ----------------------------------------------------------------------------------------------------------

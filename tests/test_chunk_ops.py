@@ -174,3 +174,21 @@ def test_narrow_v_tiles_in_backward(tmp_path_factory: pytest.TempPathFactory, lo
     assert rel_err(o, ro) <= 1e-5 and rel_err(ht, rht) <= 1e-5
     for n in NAMES:
         assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
+
+
+def test_fused_recurrent_backward_through_chunk_kernels(tmp_path_factory: pytest.TempPathFactory) -> None:
+    spec = SPEC.replace("chunk_ops_test", "fr_bwd_test") + """  - ops: [fused_recurrent]
+    dtypes: [fp32]
+    head_dims: [32]
+    varlen: [false]
+"""
+    pkg = render_package(tmp_path_factory.mktemp("gen"), spec, "fr_bwd_test")
+    x = rwkv7_inputs(2, 19, 2, 32, dtype=torch.float32)
+    xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+    o, ht = ops.fused_recurrent_dplr_delta_rule(**xs, output_final_state=True, package=pkg)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    ro, rht, rg = reference_with_grads(x, None, None, do, dht)
+    assert rel_err(o, ro) <= 1e-5 and rel_err(ht, rht) <= 1e-5
+    for n in NAMES:
+        assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
