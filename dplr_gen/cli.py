@@ -292,6 +292,9 @@ def compat(
     words += ["--ops", ",".join(op_list)] if op_list else []
     words += ["--dtypes", ",".join(dtype_list)] if dtype_list else []
     words += ["--jobs", str(jobs)]
+    words += ["--timeout", f"{timeout:g}"] if timeout != 900.0 else []
+    words += ["--kernel-cache", str(kernel_cache)] if kernel_cache else []
+    words += ["--out", str(out_dir)] if out_dir else []
     command = shlex.join(words) + ("" if triton else f"  (default releases: {', '.join(map(str, versions))})")
     err.print(f"compat: Triton {', '.join(map(str, versions))}; specs {', '.join(map(str, spec_paths))}; "
               f"{'sample' if sample else 'full'}; {jobs} jobs", highlight=False, soft_wrap=True)

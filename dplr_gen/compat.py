@@ -302,6 +302,9 @@ def run(opts: Options, log: Log = _quiet,
     tmp_root = Path(tempfile.mkdtemp(prefix="dplr-gen-compat-"))
     kernel_cache = opts.kernel_cache or (tmp_root / "kernels")
     specs = [(p, load_spec(p)) for p in opts.specs]  # SpecError propagates: a usage error, before any work
+    # what gets rendered: other people may edit templates and specs while this runs; note if they did
+    source = _git_state()
+    spec_hashes = {str(p): source_hash(p.read_text()) for p, _ in specs}
 
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
     work: list[tuple[tuple[str, str, str], BuildUnit, CompileJob]] = []
@@ -404,7 +407,14 @@ def run(opts: Options, log: Log = _quiet,
         return key, u, outcome, time.perf_counter() - t0
 
     registry = {q.id: q for q in quirk_registry.load_quirks()}
-    source = _git_state()
+    after = _git_state()
+    changed = [k for k in sorted(set(source["templates"]) | set(after["templates"]))
+               if source["templates"].get(k) != after["templates"].get(k)]
+    changed += [p for p, h in spec_hashes.items() if source_hash(Path(p).read_text()) != h]
+    if changed:
+        source["changed_while_planning"] = changed
+        log(f"warning: {', '.join(changed)} changed while the sources were being rendered; rerun for a "
+            "consistent matrix")
 
     def assemble(complete: bool) -> dict[str, Any]:
         finished = {k: _finish_cell(cell) for k, cell in cells.items()}
@@ -438,7 +448,7 @@ def run(opts: Options, log: Log = _quiet,
             "timeout_s": opts.timeout,
             "versions": versions_out,
             "specs": [
-                {"name": spec.name, "file": _shown(path),
+                {"name": spec.name, "file": _shown(path), "sha256_16": spec_hashes[str(path)],
                  "targets": [t for t in spec.targets if opts.targets is None or t in opts.targets],
                  "filtered": [[f.what, f.reason] for f in expand(spec)[1]]}
                 for path, spec in specs
@@ -574,6 +584,9 @@ def render_markdown(data: dict[str, Any]) -> str:
            else "")
         + (f"; templates rendered: {', '.join(f'`{k}` {v}' for k, v in sorted(src['templates'].items()))} "
            "(sha256, 16 digits)" if src.get("templates") else "") + ".",
+        *([] if not src.get("changed_while_planning") else [
+            "", f"**Warning: {', '.join(src['changed_while_planning'])} changed while the sources were rendered; "
+            "some cells may reflect the old text.**"]),
     ]
     filt = data.get("filters") or {}
     if any(filt.values()):
@@ -590,7 +603,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         "registry's silent miscompiles are found only by a numeric test on that GPU.",
     ]
     for s in data["specs"]:
-        lines += ["", f"## {s['name']} (`{s['file']}`)", "",
+        lines += ["", f"## {s['name']} (`{s['file']}`" + (f", sha256 {s['sha256_16']}" if s.get("sha256_16") else "")
+                  + ")", "",
                   "| arch | " + " | ".join(f"Triton {v}" for v in versions) + " |",
                   "|---|" + "---|" * len(versions)]
         for t in s["targets"]:
