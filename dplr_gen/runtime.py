@@ -147,6 +147,7 @@ class SpecPackage:
         if interpreting():
             interpreter_numpy_compat()
             return KernelSet(module, None)
+        _refuse_unavoided_miscompiles(entry, target)
         if entry["flags"].get("needs_allocator"):
             _set_torch_allocator()
         aot, why = self._load_aot(module, entry["unit"])
@@ -195,6 +196,28 @@ class SpecPackage:
         if name in ops.OP_NAMES:
             return functools.partial(getattr(ops, name), package=self)
         raise AttributeError(name)
+
+
+class KnownMiscompileError(RuntimeError):
+    """The installed Triton silently miscompiles a pattern on this GPU and the generated source does not avoid it."""
+
+
+def _refuse_unavoided_miscompiles(entry: dict[str, Any], target: str) -> None:
+    """The source was rendered for the Triton of the build; a different installed release can bring silent
+    miscompiles whose workaround the source lacks. Those are refused: wrong numbers are worse than an error."""
+    from . import quirks, triton_compat
+    from .arch import get_arch
+
+    installed = triton_compat.triton_version()
+    avoided = set(entry.get("quirks", ()))
+    for q in quirks.active_quirks(get_arch(target).cc, installed):
+        if q.effect == "miscompile" and q.id not in avoided:
+            raise KnownMiscompileError(
+                f"{entry['unit']}: Triton {installed} on {target} has the known silent miscompile {q.id!r} "
+                f"({q.pattern}; {q.reference}), and this source was rendered without its workaround (for the "
+                "Triton of the last `dplr-gen build`). Run `dplr-gen build` on the spec with this Triton, which "
+                "renders the workaround, or install the Triton the package was built with"
+            )
 
 
 @functools.cache

@@ -60,3 +60,21 @@ def test_dispatcher_names_built_specs(monkeypatch: pytest.MonkeyPatch) -> None:
         runtime.default_package().package_for(torch.device("cuda", 0))
     msg = str(e.value)
     assert "Tesla T4" in msg and "ampere -> sm_80, sm_86" in msg and "hopper -> sm_90" in msg
+
+
+def test_known_miscompile_without_workaround_is_refused(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Source rendered for one Triton, run under a release with a silent miscompile on sm_90: refused."""
+    from packaging.version import Version
+
+    from dplr_gen import triton_compat
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(triton_compat, "triton_version", lambda: Version("3.5.0"))
+    name = pkg.variant_names[0]
+    entry = pkg.index["variants"][name]["targets"]["sm_90"]
+    monkeypatch.setitem(entry, "quirks", [])  # as if rendered for a Triton without that quirk
+    with pytest.raises(runtime.KnownMiscompileError) as e:
+        pkg._load(name, "sm_90")
+    assert "hopper-cast-trans-dot-operand-wrong" in str(e.value) and "dplr-gen build" in str(e.value)
+    monkeypatch.setitem(entry, "quirks", ["hopper-cast-trans-dot-operand-wrong", "hopper-wy-backward-4-warps-wrong"])
+    runtime._refuse_unavoided_miscompiles(entry, "sm_90")  # rendered with the workarounds: accepted
