@@ -187,9 +187,10 @@ def test_cells_built_with_quirks_and_failed(tmp_path: Path, fake_compile: list,
     h = cells[("sm_90", "3.1.0")]
     assert h["status"] == "built" and h["variants_compiled"] == 1 and h["variants_skipped"] == 3
     # the 3.1 entry caps warps (the spec's default is 4 already) and sets a flag sm_90 sets anyway: no change
-    assert h["quirk_effects"] == {"hopper-mma-to-mma-abort": 0}
-    assert "built, quirks avoided: hopper-mma-to-mma-abort° (1/4 compiled, 3 skipped by sampling)" in \
-        c.cell_text(h)
+    # (the chunk-backward entry caps a stage this fused-recurrent spec does not have: no change either)
+    assert h["quirk_effects"] == {"hopper-mma-to-mma-abort": 0, "hopper-chunk-bwd-abort-old-triton": 0}
+    assert "built, quirks avoided: hopper-chunk-bwd-abort-old-triton°, hopper-mma-to-mma-abort° " \
+        "(1/4 compiled, 3 skipped by sampling)" in c.cell_text(h)
     assert c.any_failed(data)
 
 
@@ -199,7 +200,8 @@ def test_quirk_effect_counts_units_it_changes(tmp_path: Path) -> None:
                  "    head_dims: [64]\n    varlen: [true]\ntuning:\n  fused_recurrent.fwd: {num_warps: 8}\n")
     spec = load_spec(p)
     units, _ = build_units(spec, Version("3.1.0"))
-    assert c.quirk_effects(spec, "sm_90", Version("3.1.0"), units) == {"hopper-mma-to-mma-abort": 1}
+    assert c.quirk_effects(spec, "sm_90", Version("3.1.0"), units) == {
+        "hopper-mma-to-mma-abort": 1, "hopper-chunk-bwd-abort-old-triton": 0}
 
 
 @pytest.mark.skipif(installed_triton() is None, reason="needs an installed Triton")
