@@ -157,8 +157,6 @@ def run_in_subprocess(job: CompileJob, timeout: float = 900.0, python: str = sys
 
 def main(argv: list[str]) -> int:
     job = CompileJob(**json.loads(Path(argv[0]).read_text()))
-    # keep Triton's own cache out of the user's: our cache is the one that counts
-    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="dplr-gen-triton-"))
     try:
         outcome = run_job(job)
     except Exception as e:  # a Python-level compiler error: report it, do not die silently

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from .chunk_driver import _cdiv
+
 
 def fused_recurrent_dplr_fwd(
     ks: Any, var: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -17,11 +19,7 @@ def fused_recurrent_dplr_fwd(
     BV = ks.constexprs(name)["BV"]
     o = torch.empty_like(v)
     ht = torch.empty_like(h0)
-    grid = (N * H, triton_cdiv(v.shape[-1], BV))
+    grid = (N * H, _cdiv(v.shape[-1], BV))
     extra = (cu_seqlens,) if var.varlen else ()
     getattr(ks, name)[grid](q, k, v, a, b, gk, o, h0, ht, *extra, scale, T, H)
     return o, ht
-
-
-def triton_cdiv(x: int, y: int) -> int:
-    return -(-x // y)
