@@ -86,19 +86,16 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     return o, ht, saved
 
 
-def chunk_dplr_bwd(ks, v, saved, do, dht):
-    """Returns (dq, dk, dv, da, db, dgk, dh0): gradients in the input dtypes, dgk in the gate dtype, dh0 fp32."""
-    q, k, v_, a, b, gk, h = (saved[n] for n in ("q", "k", "v", "a", "b", "gk", "h"))
+def chunk_dplr_bwd_dh(ks, v, saved, do: torch.Tensor, dht: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reverse pass: dS at the end of every chunk (``dh`` [slots, H, K, V]) and d(initial state) (fp32)."""
+    q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
     scale, cu_seqlens, N, n_slots = saved["scale"], saved["cu_seqlens"], saved["N"], saved["n_slots"]
-    B, T, H, K = q.shape
-    V = v_.shape[-1]
+    _, T, H, K = q.shape
+    V = saved["v"].shape[-1]
     dev = q.device
     if dht is None:
         dht = torch.zeros((N, H, K, V), dtype=torch.float32, device=dev)
-    do = do.contiguous()
     dht = dht.to(torch.float32).contiguous()
-
-    # 1) reverse pass: dS at every chunk end, and d(initial state)
     dh = _empty((n_slots, H, K, V), torch.float32, dev)
     dh0 = _empty((N, H, K, V), torch.float32, dev)
     BV = ks.constexprs(BWD_DH)["BV"]
@@ -107,8 +104,15 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
         args.append(cu_seqlens)
     args += [scale, T, H]
     getattr(ks, BWD_DH)[(N * H, _cdiv(V, BV))](*args)
+    return dh, dh0
 
-    # 2) chunk-parallel per-token gradients
+
+def chunk_dplr_bwd_tokens(ks, v, saved, do: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The chunk-parallel pass: (dq, dk, dv, da, db, dgk) from the saved chunk-start states and ``dh``."""
+    q, k, v_, a, b, gk, h = (saved[n] for n in ("q", "k", "v", "a", "b", "gk", "h"))
+    scale, cu_seqlens, n_slots = saved["scale"], saved["cu_seqlens"], saved["n_slots"]
+    _, T, H, _ = q.shape
+    dev = q.device
     dq = _empty(q.shape, q.dtype, dev)
     dk = _empty(k.shape, k.dtype, dev)
     dv = _empty(v_.shape, v_.dtype, dev)
@@ -120,4 +124,11 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
         args += [cu_seqlens, chunk_map_from_cu_seqlens(cu_seqlens, v.chunk_size, n_slots)]
     args += [scale, T, H]
     getattr(ks, BWD)[(n_slots * H,)](*args)
-    return dq, dk, dv, da, db, dg, dh0
+    return dq, dk, dv, da, db, dg
+
+
+def chunk_dplr_bwd(ks, v, saved, do, dht):
+    """Returns (dq, dk, dv, da, db, dgk, dh0): gradients in the input dtypes, dgk in the gate dtype, dh0 fp32."""
+    do = do.contiguous()
+    dh, dh0 = chunk_dplr_bwd_dh(ks, v, saved, do, dht)
+    return (*chunk_dplr_bwd_tokens(ks, v, saved, do, dh), dh0)

@@ -217,14 +217,16 @@ def quirk_effects(spec: Any, target: str, version: Version, units: Sequence[Buil
     pool = quirk_registry.load_quirks()
     out: dict[str, int] = {}
     for q in quirk_registry.active_quirks(arch.cc, version):
-        if q.avoid.refuse:
+        if q.avoid.refuse or not any(q.matches_variant(u.variant.params()) for u in units):
             continue
         rest = [x for x in pool if x.id != q.id]
-        flags, limits, _, _ = quirk_registry.arch_flags(arch.cc, version, arch.base_flags(), quirks=rest)
-        flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
         changed = 0
         for u in units:
-            if u.flags != flags or u.tune != _resolve_knobs(spec, arch, u.variant.op, limits):
+            flags, limits, _, _ = quirk_registry.arch_flags(
+                arch.cc, version, arch.base_flags(), quirks=rest, variant=u.variant.params()
+            )
+            flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
+            if u.flags != flags or u.tune != _resolve_knobs(spec, arch, u.variant, limits):
                 changed += 1
         out[q.id] = changed
     return out

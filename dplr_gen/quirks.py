@@ -9,12 +9,15 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
+
+from .spec import VARIANT_KEYS, check_when, when_matches  # noqa: F401  (VARIANT_KEYS re-exported)
 
 Effect = Literal["abort", "miscompile", "compile_error", "hang"]
 
@@ -56,6 +59,16 @@ class Quirk(BaseModel):
     effect: Effect
     reference: str = Field(min_length=1)
     avoid: Avoid = Field(default_factory=Avoid)
+    when: dict[str, tuple[Any, ...]] = Field(
+        default_factory=dict,
+        description="variant parameters the failure is limited to, e.g. {chunk_size: [64]}; empty: every variant",
+    )
+
+    @field_validator("when")
+    @classmethod
+    def _when(cls, v: dict[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+        check_when(v)
+        return v
 
     @field_validator("archs")
     @classmethod
@@ -83,8 +96,12 @@ class Quirk(BaseModel):
         v = Version(Version(str(version)).base_version)
         return SpecifierSet(self.triton).contains(v, prereleases=True)
 
-    def applies(self, arch: int, version: Version | str) -> bool:
-        return self.matches_arch(arch) and self.matches_triton(version)
+    def matches_variant(self, params: Mapping[str, Any] | None) -> bool:
+        """True when the variant falls under ``when`` (an unknown variant, None, is assumed to)."""
+        return params is None or when_matches(self.when, params)
+
+    def applies(self, arch: int, version: Version | str, variant: Mapping[str, Any] | None = None) -> bool:
+        return self.matches_arch(arch) and self.matches_triton(version) and self.matches_variant(variant)
 
 
 def _arch_range(a: ArchItem) -> tuple[int, int]:
@@ -130,16 +147,21 @@ def load_quirks() -> tuple[Quirk, ...]:
     return tuple(parse_quirks(yaml.safe_load(text)))
 
 
-def active_quirks(arch: int, triton_version: Version | str, quirks: Any = None) -> list[Quirk]:
-    """Entries that apply to ``sm_<arch>`` under ``triton_version``, in file order."""
+def active_quirks(
+    arch: int, triton_version: Version | str, quirks: Any = None, variant: Mapping[str, Any] | None = None
+) -> list[Quirk]:
+    """Entries that apply to ``sm_<arch>`` under ``triton_version`` (and to ``variant``'s parameters when
+    given; without it, entries limited by ``when`` count too), in file order."""
     pool = load_quirks() if quirks is None else quirks
-    return [q for q in pool if q.applies(arch, triton_version)]
+    return [q for q in pool if q.applies(arch, triton_version, variant)]
 
 
 def arch_flags(
-    arch: int, triton_version: Version | str, base_flags: dict[str, Any], quirks: Any = None
+    arch: int, triton_version: Version | str, base_flags: dict[str, Any], quirks: Any = None,
+    variant: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str], str | None]:
-    """Merge the ``avoid`` parts of every active quirk onto ``base_flags``.
+    """Merge the ``avoid`` parts of every quirk active for ``variant`` (all of them when None) onto
+    ``base_flags``.
 
     Returns ``(flags, limits, applied_ids, refusal)``:
       * flags: ``base_flags`` updated with each quirk's flags (a workaround flag set to True by any quirk
@@ -154,7 +176,7 @@ def arch_flags(
     applied: list[str] = []
     refusals: list[str] = []
     forced: set[str] = set()
-    for q in active_quirks(arch, triton_version, quirks):
+    for q in active_quirks(arch, triton_version, quirks, variant):
         applied.append(q.id)
         a = q.avoid
         for k, v in a.flags.items():

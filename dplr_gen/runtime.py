@@ -147,7 +147,7 @@ class SpecPackage:
         if interpreting():
             interpreter_numpy_compat()
             return KernelSet(module, None)
-        _refuse_unavoided_miscompiles(entry, target)
+        _refuse_unavoided_miscompiles(entry, target, self.index["variants"][variant]["params"])
         if entry["flags"].get("needs_allocator"):
             _set_torch_allocator()
         aot, why = self._load_aot(module, entry["unit"])
@@ -202,7 +202,7 @@ class KnownMiscompileError(RuntimeError):
     """The installed Triton silently miscompiles a pattern on this GPU and the generated source does not avoid it."""
 
 
-def _refuse_unavoided_miscompiles(entry: dict[str, Any], target: str) -> None:
+def _refuse_unavoided_miscompiles(entry: dict[str, Any], target: str, params: dict[str, Any]) -> None:
     """The source was rendered for the Triton of the build; a different installed release can bring silent
     miscompiles whose workaround the source lacks. Those are refused: wrong numbers are worse than an error."""
     from . import quirks, triton_compat
@@ -210,7 +210,7 @@ def _refuse_unavoided_miscompiles(entry: dict[str, Any], target: str) -> None:
 
     installed = triton_compat.triton_version()
     avoided = set(entry.get("quirks", ()))
-    for q in quirks.active_quirks(get_arch(target).cc, installed):
+    for q in quirks.active_quirks(get_arch(target).cc, installed, variant=params):
         if q.effect == "miscompile" and q.id not in avoided:
             raise KnownMiscompileError(
                 f"{entry['unit']}: Triton {installed} on {target} has the known silent miscompile {q.id!r} "

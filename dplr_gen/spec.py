@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -21,6 +22,28 @@ STAGES: dict[str, tuple[str, ...]] = {
     "fused_recurrent": ("fwd",),
     "chunk": ("fwd", "bwd_dh", "bwd"),
 }
+
+
+# Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
+# variant_tuning rules and the quirk registry's entries.
+VARIANT_KEYS = frozenset(
+    {"op", "dtype", "gate_dtype", "K", "V", "chunk_size", "varlen", "gate_bound", "state_dtype", "dot_precision"}
+)
+
+
+def check_when(when: Mapping[str, Any], allowed: frozenset[str] = VARIANT_KEYS) -> None:
+    """A `when` condition names known parameters, each with at least one value (ValueError otherwise)."""
+    unknown = sorted(set(when) - allowed)
+    if unknown:
+        raise ValueError(f"unknown variant parameter(s) {unknown}; valid: {sorted(allowed)}")
+    empty = sorted(k for k, vals in when.items() if not vals)
+    if empty:
+        raise ValueError(f"no values listed for {empty}: list the values the condition is limited to")
+
+
+def when_matches(when: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    """Every parameter named in ``when`` has one of the listed values in ``params``."""
+    return all(params.get(k) in vals for k, vals in when.items())
 
 
 class SpecError(ValueError):
@@ -45,6 +68,19 @@ class Knobs(_Strict):
         if x is not None and x & (x - 1):
             raise ValueError(f"block sizes must be powers of two (16..256), got {x}")
         return x
+
+
+class TuningRule(_Strict):
+    """Knobs for the variants (and targets) that match ``when``, e.g. {K: [128]} or {target: [sm_90], K: [128]}."""
+
+    when: dict[str, list[Any]] = Field(min_length=1)
+    tuning: dict[str, Knobs] = Field(min_length=1)
+
+    @field_validator("when")
+    @classmethod
+    def _when(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        check_when(v, VARIANT_KEYS | {"target"})
+        return v
 
 
 class VariantAxes(_Strict):
@@ -74,6 +110,8 @@ class Spec(_Strict):
     # "op.stage" -> knobs, for every target; target_tuning[target]["op.stage"] overrides per target
     tuning: dict[str, Knobs] = Field(default_factory=dict)
     target_tuning: dict[str, dict[str, Knobs]] = Field(default_factory=dict)
+    # then, in order, the rules whose `when` matches a variant (e.g. a narrower V tile at K = 128)
+    variant_tuning: list[TuningRule] = Field(default_factory=list)
 
     @field_validator("targets")
     @classmethod
@@ -92,7 +130,7 @@ class Spec(_Strict):
         known = [f"{op}.{st}" for op, sts in STAGES.items() for st in sts]
         tables = [("tuning", self.tuning)] + [
             (f"target_tuning.{t}", tab) for t, tab in self.target_tuning.items()
-        ]
+        ] + [(f"variant_tuning.{i}.tuning", r.tuning) for i, r in enumerate(self.variant_tuning)]
         for where, table in tables:
             for key in table:
                 if key not in known:
@@ -100,6 +138,10 @@ class Spec(_Strict):
         for t in self.target_tuning:
             if t not in self.targets:
                 raise ValueError(f"target_tuning names {t!r}, which is not in targets {self.targets}")
+        for i, r in enumerate(self.variant_tuning):
+            for t in r.when.get("target", []):
+                if t not in self.targets:
+                    raise ValueError(f"variant_tuning.{i}.when names target {t!r}, not in targets {self.targets}")
         return self
 
 

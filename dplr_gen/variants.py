@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from . import quirks as quirk_registry
 from .arch import ArchProfile, get_arch
-from .spec import STAGES, Knobs, Spec, VariantAxes
+from .spec import STAGES, Knobs, Spec, VariantAxes, when_matches
 
 
 @dataclass(frozen=True)
@@ -129,12 +129,15 @@ class BuildUnit:
         return f"{self.variant.name}__{self.target}"
 
 
-def _resolve_knobs(spec: Spec, arch: ArchProfile, op: str, limits: dict[str, Any]) -> dict[str, Knobs]:
+def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, Any]) -> dict[str, Knobs]:
+    """Knobs per stage: arch defaults < spec tuning < target_tuning < matching variant_tuning rules < quirk caps."""
+    params = {**v.params(), "target": arch.target}
+    rules = [r.tuning for r in spec.variant_tuning if when_matches(r.when, params)]
     out: dict[str, Knobs] = {}
-    for stage in STAGES[op]:
-        key = f"{op}.{stage}"
+    for stage in STAGES[v.op]:
+        key = f"{v.op}.{stage}"
         merged: dict[str, Any] = {"num_warps": arch.defaults.num_warps, "num_stages": arch.defaults.num_stages}
-        for table in (spec.tuning, spec.target_tuning.get(arch.target, {})):
+        for table in (spec.tuning, spec.target_tuning.get(arch.target, {}), *rules):
             if key in table:
                 merged.update(table[key].model_dump(exclude_none=True))
         # quirk caps win over the spec: a knob that provokes a known compiler failure is never used
@@ -155,10 +158,12 @@ def build_units(
     refused: list[Filtered] = list(filtered)
     for target in spec.targets:
         arch = get_arch(target)
-        flags, limits, applied, refusal = quirk_registry.arch_flags(arch.cc, triton_version, arch.base_flags())
-        # kernels that may need global scratch get an allocator set before launch (see runtime)
-        flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
         for v in variants:
+            flags, limits, applied, refusal = quirk_registry.arch_flags(
+                arch.cc, triton_version, arch.base_flags(), variant=v.params()
+            )
+            # kernels that may need global scratch get an allocator set before launch (see runtime)
+            flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
             what = f"{v.name}__{target}"
             if refusal is not None:
                 refused.append(Filtered(what, refusal))
@@ -166,6 +171,6 @@ def build_units(
                 refused.append(Filtered(what, f"{target} has no {v.dtype} support ({arch.name})"))
             else:
                 units.append(
-                    BuildUnit(v, arch, dict(flags), _resolve_knobs(spec, arch, v.op, limits), tuple(applied))
+                    BuildUnit(v, arch, flags, _resolve_knobs(spec, arch, v, limits), tuple(applied))
                 )
     return units, refused

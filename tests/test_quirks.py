@@ -138,9 +138,45 @@ def test_sm100_recent_separate_accumulators_and_allocator() -> None:
 
 
 def test_stage_caps() -> None:
+    # without a variant every entry counts, the chunk-64-only one included
     _, limits, _, _ = qr.arch_flags(90, "3.6.0", BASE)
     assert limits["stage_max_num_warps"] == {"chunk.bwd": 2}
     assert "max_num_warps" not in limits
+
+
+@pytest.mark.parametrize("chunk, capped", [(16, False), (32, False), (64, True)])
+def test_wy_backward_cap_is_limited_to_chunk_64(chunk: int, capped: bool) -> None:
+    params = {"op": "chunk", "dtype": "bf16", "chunk_size": chunk, "K": 64, "V": 64}
+    _, limits, applied, _ = qr.arch_flags(90, "3.6.0", BASE, variant=params)
+    assert ("hopper-wy-backward-4-warps-wrong" in applied) is capped
+    assert (limits.get("stage_max_num_warps") == {"chunk.bwd": 2}) is capped
+    # Triton 3.2 aborts our chunk backward at 4 warps whatever the chunk: that cap stays
+    _, limits, applied, _ = qr.arch_flags(90, "3.2.0", BASE, variant=params)
+    assert limits["stage_max_num_warps"] == {"chunk.bwd": 2}
+
+
+def test_when_matches_listed_values_only() -> None:
+    (q,) = qr.parse_quirks([_entry(when={"chunk_size": [32, 64], "dtype": ["bf16"]})])
+    assert q.matches_variant({"chunk_size": 64, "dtype": "bf16"})
+    assert not q.matches_variant({"chunk_size": 16, "dtype": "bf16"})
+    assert not q.matches_variant({"chunk_size": 64, "dtype": "fp16"})
+    assert q.matches_variant(None)  # an unknown variant is assumed affected
+    assert not q.applies(90, "3.1.0", {"chunk_size": 16, "dtype": "bf16"})
+    assert q.applies(90, "3.1.0", {"chunk_size": 32, "dtype": "bf16"})
+
+
+def test_when_keys_are_the_variant_parameters() -> None:
+    from dplr_gen.variants import Variant
+
+    v = Variant("chunk", "bf16", "fp32", 64, 64, 16, False, -0.61, "fp32", None)
+    assert set(v.params()) == qr.VARIANT_KEYS
+
+
+def test_when_validation_names_field() -> None:
+    with pytest.raises(ValidationError, match="chunk_sise"):
+        qr.parse_quirks([_entry(when={"chunk_sise": [64]})])
+    with pytest.raises(ValidationError, match="no values listed"):
+        qr.parse_quirks([_entry(when={"chunk_size": []})])
 
 
 def test_sm80_untouched() -> None:

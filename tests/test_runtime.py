@@ -76,5 +76,11 @@ def test_known_miscompile_without_workaround_is_refused(pkg, monkeypatch: pytest
     with pytest.raises(runtime.KnownMiscompileError) as e:
         pkg._load(name, "sm_90")
     assert "hopper-cast-trans-dot-operand-wrong" in str(e.value) and "dplr-gen build" in str(e.value)
+    params = pkg.index["variants"][name]["params"]
     monkeypatch.setitem(entry, "quirks", ["hopper-cast-trans-dot-operand-wrong", "hopper-wy-backward-4-warps-wrong"])
-    runtime._refuse_unavoided_miscompiles(entry, "sm_90")  # rendered with the workarounds: accepted
+    runtime._refuse_unavoided_miscompiles(entry, "sm_90", params)  # rendered with the workarounds: accepted
+    # an entry limited to chunk 64 does not concern a chunk-16 variant
+    monkeypatch.setitem(entry, "quirks", ["hopper-cast-trans-dot-operand-wrong"])
+    runtime._refuse_unavoided_miscompiles(entry, "sm_90", {**params, "op": "chunk", "chunk_size": 16})
+    with pytest.raises(runtime.KnownMiscompileError, match="hopper-wy-backward-4-warps-wrong"):
+        runtime._refuse_unavoided_miscompiles(entry, "sm_90", {**params, "op": "chunk", "chunk_size": 64})

@@ -75,6 +75,31 @@ def test_old_triton_limits_warps_on_hopper(tmp_path: Path) -> None:
     assert all(u.quirks for u in hopper)
 
 
+def test_variant_tuning_rules_apply_in_order_after_target_tuning(tmp_path: Path) -> None:
+    text = GOOD + (
+        "tuning:\n  chunk.bwd: {num_warps: 4, block_v: 64}\n"
+        "target_tuning:\n  sm_90:\n    chunk.bwd: {block_v: 32, num_stages: 3}\n"
+        "variant_tuning:\n"
+        "  - when: {K: [60]}\n    tuning:\n      chunk.bwd: {block_v: 16}\n"
+        "  - when: {K: [60], target: [sm_90]}\n    tuning:\n      chunk.bwd: {num_warps: 2}\n"
+    )
+    units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
+    knobs = {(u.target, u.variant.K): u.tune["bwd"] for u in units if u.variant.op == "chunk"}
+    assert (knobs["sm_80", 64].block_v, knobs["sm_80", 64].num_warps) == (64, 4)
+    assert (knobs["sm_90", 64].block_v, knobs["sm_90", 64].num_stages) == (32, 3)
+    assert (knobs["sm_80", 60].block_v, knobs["sm_80", 60].num_warps) == (16, 4)
+    assert (knobs["sm_90", 60].block_v, knobs["sm_90", 60].num_warps, knobs["sm_90", 60].num_stages) == (16, 2, 3)
+
+
+def test_quirk_caps_win_over_variant_tuning(tmp_path: Path) -> None:
+    text = GOOD + "variant_tuning:\n  - when: {chunk_size: [64]}\n    tuning:\n      chunk.bwd: {num_warps: 8}\n"
+    units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
+    bwd = {(u.target, u.variant.chunk_size): u.tune["bwd"].num_warps for u in units if u.variant.op == "chunk"}
+    assert bwd["sm_80", 64] == 8
+    assert bwd["sm_90", 64] == 2  # hopper-wy-backward-4-warps-wrong: chunk 64 only
+    assert bwd["sm_90", 16] == 4  # arch default, uncapped at chunk 16
+
+
 @pytest.mark.parametrize(
     "text, field",
     [
@@ -94,6 +119,15 @@ def test_old_triton_limits_warps_on_hopper(tmp_path: Path) -> None:
         ("name: T-1\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n", "name"),
         ("- just a list\n", "a spec is a mapping"),
         ("name: [unclosed\n", "not valid YAML"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "variant_tuning: [{when: {head_dim: [64]}, tuning: {chunk.bwd: {block_v: 16}}}]\n",
+         "variant_tuning.0.when"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "variant_tuning: [{when: {K: [64]}, tuning: {chunk.bwdd: {block_v: 16}}}]\n",
+         "unknown stage 'chunk.bwdd'"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "variant_tuning: [{when: {target: [sm_90]}, tuning: {chunk.bwd: {block_v: 16}}}]\n",
+         "not in targets"),
     ],
 )
 def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None:

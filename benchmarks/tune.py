@@ -1,0 +1,285 @@
+"""Sweep the chunk kernels' launch knobs on one GPU: correctness and per-kernel time for each setting.
+
+    python benchmarks/tune.py [--chunks 16,32] [--dims 64,128] [--ignore-warp-caps] [--deadline EPOCH]
+
+Each knob setting of a stage (num_warps x num_stages x block_v) is rendered into its own spec (the three
+stages' settings are offset against each other so no two specs pair the same settings), built ahead of time
+with `dplr_gen.build`, and then measured in a fresh worker process per spec (an illegal memory access in one
+setting cannot poison the others):
+  accuracy  bf16, B=2, T=512, H=2, RWKV-7 inputs, outputs poisoned: relative-norm error of o, final state and
+            every gradient against the float64 reference (computed once per head dim);
+  time      do_bench medians of each kernel alone: fwd (chunk_dplr_fwd_kernel), bwd_dh (the reverse state
+            pass), bwd (the chunk-parallel token pass), at (4, 4096, 32, 64) for D=64 and (8, 2048, 16, 128)
+            for D=128, bounded gate -0.61.
+--ignore-warp-caps drops the quirk registry's stage num_warps caps for the sweep, so that a cap can be
+re-examined on the hardware (the accuracy column then says whether the capped setting is actually wrong).
+Writes $OUT/tune_<date>.json and prints, per stage, the settings ranked by time (wrong ones marked).
+--dry-run runs the same control flow on CPU (TRITON_INTERPRET=1, fp32, tiny shapes, no AOT build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common as C  # noqa: E402
+
+STAGES = ("fwd", "bwd_dh", "bwd")
+GATE_BOUND = -0.61
+ACC_SHAPE = (2, 512, 2)
+TIME_SHAPES = {64: (4, 4096, 32), 128: (8, 2048, 16)}
+DRY_TIME_SHAPE = (1, 48, 1)
+# grads compared (name in the ops' keyword arguments)
+INPUTS = ("q", "k", "v", "a", "b", "gk", "initial_state")
+
+SPEC = """
+name: tune{i:02d}
+targets: [{target}]
+variants:
+  - ops: [chunk]
+    dtypes: [{dtype}]
+    head_dims: {dims}
+    chunk_sizes: {chunks}
+    varlen: [false]
+    gate_bounds: [{bound}]
+tuning:
+{tuning}
+"""
+
+
+def settings(warps: list[int], stages: list[int], block_v: list[int]) -> list[dict[str, int]]:
+    return [{"num_warps": w, "num_stages": s, "block_v": bv} for w, s, bv in itertools.product(warps, stages, block_v)]
+
+
+def spec_settings(grid: list[dict[str, int]]) -> list[dict[str, dict[str, int]]]:
+    """One dict stage -> setting per spec; stage j uses grid[(i + j * n/3) % n] so pairings differ."""
+    n = len(grid)
+    return [{st: grid[(i + j * (n // len(STAGES))) % n] for j, st in enumerate(STAGES)} for i in range(n)]
+
+
+def drop_warp_caps() -> None:
+    """Remove the registry's num_warps caps from this process's view of it (sweep only)."""
+    from dplr_gen import quirks
+
+    kept = tuple(q for q in quirks.load_quirks() if not (q.avoid.stage_max_num_warps or q.avoid.max_num_warps))
+    quirks.load_quirks = lambda: kept  # type: ignore[assignment]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# worker: one spec package
+
+
+def worker(cfg: dict[str, Any]) -> None:
+    import torch
+    import triton
+
+    from dplr_gen import chunk_driver as drv
+    from dplr_gen import ops
+    from dplr_gen.runtime import package_at
+    from dplr_gen.testing import rel_err, rwkv7_inputs
+
+    if cfg["ignore_warp_caps"]:
+        drop_warp_caps()
+    dev, dtype = cfg["device"], getattr(torch, cfg["dtype"])
+    pkg = package_at(cfg["package"])
+    refs = torch.load(cfg["refs"])
+    for D in cfg["dims"]:
+        for chunk in cfg["chunks"]:
+            row: dict[str, Any] = {"spec": pkg.name, "D": D, "chunk": chunk}
+            try:
+                name = ops._select(str(pkg.dir), "chunk", dtype, D, D, False, chunk, GATE_BOUND)
+                info = pkg.variants[name]
+                ks = pkg.kernel_set(name, pkg.target_for(torch.device(dev)))
+                row["constexprs"] = {k: ks.constexprs(k) for k in (drv.FWD, drv.BWD_DH, drv.BWD)}
+                # accuracy, outputs poisoned
+                ref = refs[D]
+                xs = {n: t.to(dev, dtype if n not in ("initial_state",) else torch.float32).requires_grad_(True)
+                      for n, t in ref["x"].items()}
+                drv.POISON = True
+                o, ht = ops.chunk_dplr_delta_rule(**xs, output_final_state=True, lower_bound=GATE_BOUND,
+                                                  chunk_size=chunk, package=pkg)
+                grads = torch.autograd.grad((o, ht), [xs[n] for n in INPUTS],
+                                            (ref["do"].to(dev, o.dtype), ref["dht"].to(dev)))
+                drv.POISON = False
+                got = {"o": o, "ht": ht, **{f"d{n}": g for n, g in zip(INPUTS, grads)}}
+                row["err"] = {k: rel_err(got[k].double().cpu(), ref["ref"][k]) for k in got}
+                # per-kernel time
+                B, T, H = cfg["time_shape"] or TIME_SHAPES[D]
+                x = rwkv7_inputs(B, T, H, D, dtype=dtype, device=dev, seed=7)
+                x = {n: t.contiguous() for n, t in x.items()}
+                h0 = x.pop("initial_state").float()
+                scale = D**-0.5
+                o, ht, saved = drv.chunk_dplr_fwd(ks, info, *(x[n] for n in ("q", "k", "v", "a", "b", "gk")),
+                                                  scale, h0, None)
+                do, dht = torch.randn_like(o), torch.randn_like(ht)
+                dh, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, do, dht)
+                fns = {
+                    "fwd": lambda: drv.chunk_dplr_fwd(ks, info, *(x[n] for n in ("q", "k", "v", "a", "b", "gk")),
+                                                      scale, h0, None),
+                    "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, do, dht),
+                    "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, do, dh),
+                }
+                row["shape"] = [B, T, H, D]
+                row["ms"] = {st: C.bench_ms(f, dev, warmup=10, rep=50) for st, f in fns.items()}
+            except Exception as e:  # recorded; an illegal access ends this worker, the parent goes on
+                row["error"] = f"{type(e).__name__}: {str(e)[:800]}"
+            print(C.RESULT_TAG + json.dumps(row), flush=True)
+            if "error" in row and "illegal" in row["error"]:
+                return
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parent
+
+
+def make_refs(dims: list[int], acc_shape: tuple[int, int, int], dtype: str, device: str, path: Path) -> None:
+    import torch
+
+    from dplr_gen.reference import naive_dplr_delta_rule
+    from dplr_gen.testing import rwkv7_inputs
+
+    refs = {}
+    for D in dims:
+        B, T, H = acc_shape
+        x = rwkv7_inputs(B, T, H, D, dtype=getattr(torch, dtype), device="cpu", seed=1000 + D)
+        x64 = {n: t.double().to(device).requires_grad_(True) for n, t in x.items()}
+        gen = torch.Generator().manual_seed(D)
+        do = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)
+        dht = torch.randn(B, H, D, D, generator=gen, dtype=torch.float64)
+        o, ht = naive_dplr_delta_rule(**x64, output_final_state=True)
+        grads = torch.autograd.grad((o, ht), [x64[n] for n in INPUTS], (do.to(device), dht.to(device)))
+        ref = {"o": o, "ht": ht, **{f"d{n}": g for n, g in zip(INPUTS, grads)}}
+        refs[D] = {"x": x, "do": do.float(), "dht": dht.float(), "ref": {k: t.detach().cpu() for k, t in ref.items()}}
+    torch.save(refs, path)
+
+
+def ranked(rows: list[dict[str, Any]], settings_of: dict[str, dict[str, dict[str, int]]]) -> str:
+    """Per (D, chunk, stage): settings sorted by time; '!' marks a setting whose run had an error > 2e-2."""
+    lines = []
+    keys = sorted({(r["D"], r["chunk"]) for r in rows})
+    for D, chunk in keys:
+        for st in STAGES:
+            cells = []
+            for r in rows:
+                if (r["D"], r["chunk"]) != (D, chunk):
+                    continue
+                s = settings_of[r["spec"]][st]
+                tag = f"w{s['num_warps']}s{s['num_stages']}v{s['block_v']}"
+                if "ms" in r:
+                    bad = max(r["err"].values()) > 2e-2
+                    cells.append((r["ms"][st], f"{tag} {r['ms'][st]:.3f}{'!' if bad else ''}"))
+                else:
+                    cells.append((float("inf"), f"{tag} ERR"))
+            lines.append(f"D={D} C={chunk} {st:6s}: " + ", ".join(c for _, c in sorted(cells)))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunks", default="16,32")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--warps", default="2,4,8")
+    ap.add_argument("--num-stages", default="1,2")
+    ap.add_argument("--block-v", default="16,32,64")
+    ap.add_argument("--ignore-warp-caps", action="store_true")
+    ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("--deadline", type=float, default=None, help="epoch seconds: stop starting workers after")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        return 0
+
+    from dplr_gen import build as b
+
+    if args.ignore_warp_caps:
+        drop_warp_caps()
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    chunks, dims = ints(args.chunks), ints(args.dims)
+    dry = args.dry_run
+    device, dtype = ("cpu", "float32") if dry else ("cuda", "bfloat16")
+    if dry:
+        os.environ["TRITON_INTERPRET"] = "1"
+        target = "sm_90"
+    else:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        target = f"sm_{major * 10 + minor}"
+    grid = settings(ints(args.warps), ints(args.num_stages), ints(args.block_v))
+    per_spec = spec_settings(grid)
+    tmp = Path(tempfile.mkdtemp(prefix="dplr-tune-"))
+    specs, settings_of = [], {}
+    for i, st in enumerate(per_spec):
+        tuning = "\n".join(f"  chunk.{s}: {json.dumps(k)}" for s, k in st.items())
+        path = tmp / f"tune{i:02d}.yaml"
+        path.write_text(SPEC.format(i=i, target=target, dtype={"bfloat16": "bf16", "float32": "fp32"}[dtype],
+                                    dims=json.dumps(dims), chunks=json.dumps(chunks), bound=GATE_BOUND,
+                                    tuning=tuning))
+        specs.append(path)
+        settings_of[f"tune{i:02d}"] = st
+    out = C.out_dir()
+    result: dict[str, Any] = {"machine": C.machine_info(device), "date": C.stamp(), "target": target,
+                              "ignore_warp_caps": args.ignore_warp_caps, "settings": settings_of, "rows": [],
+                              "build": {}}
+    res_path = out / f"tune_{C.stamp()}.json"
+
+    t0 = time.perf_counter()
+    if dry:
+        for p in specs:
+            b.write_package(b.plan(p, tmp / "gen"))
+    else:
+        jobs_each = max(1, args.jobs // 4)
+        with ThreadPoolExecutor(4) as pool:
+            reports = list(pool.map(lambda p: b.build(p, jobs=jobs_each, out_root=tmp / "gen"), specs))
+        for r in reports:
+            result["build"][r.spec] = [{"unit": o.unit, "error": o.error[:500]} for o in r.failures]
+    result["build_s"] = time.perf_counter() - t0
+    print(f"built {len(specs)} specs in {result['build_s']:.0f} s", flush=True)
+
+    refs = tmp / "refs.pt"
+    make_refs(dims, (1, 20, 1) if dry else ACC_SHAPE, dtype, device, refs)
+    for i, p in enumerate(specs):
+        if args.deadline and time.time() > args.deadline:
+            result["stopped_early"] = f"deadline reached before spec {i}"
+            break
+        cfg = {"package": str(tmp / "gen" / f"tune{i:02d}"), "refs": str(refs), "dims": dims, "chunks": chunks,
+               "device": device, "dtype": dtype, "ignore_warp_caps": args.ignore_warp_caps,
+               "time_shape": DRY_TIME_SHAPE if dry else None}
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(C.REPO), os.environ.get("PYTHONPATH", "")]))
+        timeout = None if not args.deadline else max(10.0, args.deadline - time.time())
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, text=True,
+                                  capture_output=True, timeout=timeout)
+            got = [json.loads(ln[len(C.RESULT_TAG):]) for ln in proc.stdout.splitlines() if ln.startswith(C.RESULT_TAG)]
+            if proc.returncode != 0:
+                got.append({"spec": f"tune{i:02d}", "D": dims[0], "chunk": chunks[0],
+                            "error": f"worker exited {proc.returncode}: {proc.stderr[-800:]}"})
+        except subprocess.TimeoutExpired:
+            got = [{"spec": f"tune{i:02d}", "D": dims[0], "chunk": chunks[0], "error": "worker timed out"}]
+        for row in got:
+            print(json.dumps(row), flush=True)
+        result["rows"] += got
+        C.write_json(res_path, result)
+    table = ranked(result["rows"], settings_of)
+    print(table)
+    result["table"] = table.splitlines()
+    C.write_json(res_path, result)
+    print(f"wrote {res_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
