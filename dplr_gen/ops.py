@@ -9,6 +9,7 @@ keeping them alive between the passes.
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -108,7 +109,20 @@ def _check_inputs(
     return {"B": B, "T": T, "H": H, "K": K, "V": V, "N": N, "scale": float(scale), "offsets": offsets}
 
 
-@torch.compiler.assume_constant_result  # depends only on static facts: the package folder, dtypes, shapes
+def _constant_result(fn: Any) -> Any:
+    """``torch.compiler.assume_constant_result``, without importing torch._dynamo at import time.
+
+    The public decorator imports torch._dynamo (and sympy): 1.1 s here, 5 s on the H100 machine, a third of a
+    cold start (scripts/cold_start.py). It only sets a marker that Dynamo reads when it traces, so when Dynamo
+    is not loaded yet the marker is set directly (tests/test_torch_compile.py fails if Dynamo stops reading it).
+    """
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_result  # depends only on static facts: the package folder, dtypes, shapes
 def _select(
     pkg_dir: str, op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
     chunk_size: int | None = None, lower_bound: float | None = None,
@@ -147,10 +161,6 @@ def _select(
     return min(safe, key=rank)[0]
 
 
-# ----------------------------------------------------------------------------------------------------------
-# custom ops: what torch.compile sees
-
-
 def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
     from .runtime import package_at
 
@@ -158,8 +168,14 @@ def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
     return package.kernel_set(variant, package.target_for(device)), package.variants[variant]
 
 
-@torch.library.custom_op("dplr_gen::chunk_fwd", mutates_args=())
-def _chunk_fwd(
+# Implementations (plain functions). Two ways reach them:
+#   * under torch.compile / export: the torch.library custom ops below (fake implementations, autograd
+#     formulas), so graphs hold one opaque node per call and never break;
+#   * in eager mode: _EagerOp, a plain autograd.Function. The custom-op dispatcher costs more per call, and
+#     its first call imports torch._dynamo (and sympy): 1 s here, 5 s on the H100 machine, most of a cold start.
+
+
+def _chunk_fwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,21 +186,7 @@ def _chunk_fwd(
     return o, ht
 
 
-def _fwd_fake(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
-    return v.new_empty(v.shape), h0.new_empty(h0.shape)
-
-
-def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs
-    ctx.meta = (pkg, variant, scale)
-    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens)
-
-
-_chunk_fwd.register_fake(_fwd_fake)
-
-
-@torch.library.custom_op("dplr_gen::chunk_bwd", mutates_args=())
-def _chunk_bwd(
+def _chunk_bwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
     do: torch.Tensor, dht: Optional[torch.Tensor],
@@ -196,23 +198,7 @@ def _chunk_bwd(
     return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
 
 
-@_chunk_bwd.register_fake
-def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht):  # type: ignore[no-untyped-def]
-    return tuple(t.new_empty(t.shape) for t in (q, k, v, a, b, gk, h0))
-
-
-def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
-    pkg, variant, scale = ctx.meta
-    q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
-    grads = _chunk_bwd(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht)
-    return (None, None, *grads, None, None)
-
-
-torch.library.register_autograd("dplr_gen::chunk_fwd", _chunk_backward, setup_context=_save_inputs)
-
-
-@torch.library.custom_op("dplr_gen::fused_recurrent_fwd", mutates_args=())
-def _fused_fwd(
+def _fused_fwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,25 +206,87 @@ def _fused_fwd(
     return fused_recurrent_driver.fused_recurrent_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
 
 
+def _backward_variant(op: str, pkg: str, variant: str) -> str:
+    """The chunk variant whose backward serves ``variant``: itself, or for the fused recurrent op the same
+    function's gradient through the package's generic-gate chunk backward."""
+    if op == "chunk":
+        return variant
+    from .runtime import package_at
+
+    package = package_at(pkg)
+    var = package.variants[variant]
+    chunk = _select(pkg, "chunk", TORCH_DTYPES[var.dtype], var.K, var.V, var.varlen)
+    if package.variants[chunk].gate_dtype != var.gate_dtype:
+        raise ValueError(f"backward of {variant} needs a chunk variant with gate dtype {var.gate_dtype}")
+    return chunk
+
+
+# ----------------------------------------------------------------------------------------------------------
+# custom ops: what torch.compile sees
+
+_chunk_fwd = torch.library.custom_op("dplr_gen::chunk_fwd", mutates_args=())(_chunk_fwd_impl)
+_chunk_bwd = torch.library.custom_op("dplr_gen::chunk_bwd", mutates_args=())(_chunk_bwd_impl)
+_fused_fwd = torch.library.custom_op("dplr_gen::fused_recurrent_fwd", mutates_args=())(_fused_fwd_impl)
+
+
+def _fwd_fake(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
+    return v.new_empty(v.shape), h0.new_empty(h0.shape)
+
+
+@_chunk_bwd.register_fake
+def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht):  # type: ignore[no-untyped-def]
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, a, b, gk, h0))
+
+
+_chunk_fwd.register_fake(_fwd_fake)
 _fused_fwd.register_fake(_fwd_fake)
 
 
-def _fused_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
-    # The same function's gradient, computed by the package's generic-gate chunk backward.
-    from .runtime import package_at
-
-    pkg, variant, scale = ctx.meta
-    q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
-    package = package_at(pkg)
-    var = package.variants[variant]
-    chunk = _select(pkg, "chunk", q.dtype, var.K, var.V, var.varlen)
-    if package.variants[chunk].gate_dtype != var.gate_dtype:
-        raise ValueError(f"backward of {variant} needs a chunk variant with gate dtype {var.gate_dtype}")
-    grads = _chunk_bwd(pkg, chunk, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht)
-    return (None, None, *grads, None, None)
+def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs
+    ctx.meta = (pkg, variant, scale)
+    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens)
 
 
-torch.library.register_autograd("dplr_gen::fused_recurrent_fwd", _fused_backward, setup_context=_save_inputs)
+def _backward_with(op: str) -> Any:
+    def backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
+        pkg, variant, scale = ctx.meta
+        q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
+        grads = _chunk_bwd(pkg, _backward_variant(op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens, scale,
+                           do, dht)
+        return (None, None, *grads, None, None)
+
+    return backward
+
+
+torch.library.register_autograd("dplr_gen::chunk_fwd", _backward_with("chunk"), setup_context=_save_inputs)
+torch.library.register_autograd(
+    "dplr_gen::fused_recurrent_fwd", _backward_with("fused_recurrent"), setup_context=_save_inputs
+)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# eager mode
+
+
+class _EagerOp(torch.autograd.Function):
+    """The same forward and backward as the custom ops, called directly (see the note on implementations)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: str, pkg: str, variant: str, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        fwd = _chunk_fwd_impl if op == "chunk" else _fused_fwd_impl
+        o, ht = fwd(pkg, variant, *args)
+        _save_inputs(ctx, (pkg, variant, *args), None)
+        ctx.op = op
+        return o, ht
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
+        pkg, variant, scale = ctx.meta
+        q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
+        grads = _chunk_bwd_impl(pkg, _backward_variant(ctx.op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens,
+                                scale, do, dht)
+        return (None, None, None, *grads, None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -266,9 +314,11 @@ def _run(
         h0 = initial_state.to(torch.float32)
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
-    fwd = _chunk_fwd if op == "chunk" else _fused_fwd
     # the package travels as its folder path: custom ops take plain strings, and paths are unique
-    o, ht = fwd(str(package.dir), variant, *args, cu, info["scale"])
+    if torch.compiler.is_compiling():
+        o, ht = (_chunk_fwd if op == "chunk" else _fused_fwd)(str(package.dir), variant, *args, cu, info["scale"])
+    else:
+        o, ht = _EagerOp.apply(op, str(package.dir), variant, *args, cu, info["scale"])
     return o, (ht if output_final_state else None)
 
 

@@ -1,0 +1,113 @@
+"""Where a fresh process spends its time before the first chunk fwd+bwd of a prebuilt variant (GPU machine).
+
+    python scripts/cold_start.py [--package generated/hopper] [--shape 4x4096x32x64]
+
+Runs the same child three times in fresh processes with DPLR_GEN_NO_JIT=1: with an empty TRITON_CACHE_DIR
+(cold), again with that directory (Triton's launcher stubs now cached), and cold under `python -X importtime`.
+The child times each phase (import torch, CUDA init, import dplr_gen, package load, inputs, first forward,
+first backward) and the C launcher builds Triton does on the way (count and seconds). Writes
+$OUT/cold_start.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import json, sys, time
+t = {"start": time.perf_counter()}
+import torch
+t["import_torch"] = time.perf_counter()
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+t["cuda_init"] = time.perf_counter()
+import triton.runtime.build as tb
+builds = []
+_orig = tb.compile_module_from_src
+def _timed(*a, **k):
+    s = time.perf_counter(); m = _orig(*a, **k); builds.append(time.perf_counter() - s); return m
+tb.compile_module_from_src = _timed
+import triton.backends.nvidia.driver as nd
+nd.compile_module_from_src = _timed
+import dplr_gen
+from dplr_gen import ops
+from dplr_gen.runtime import package_at
+t["import_dplr_gen"] = time.perf_counter()
+B, T, H, D = (int(x) for x in sys.argv[2].split("x"))
+pkg = package_at(sys.argv[1])
+name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, D, D, False, None, -0.61)
+ks = pkg.kernel_set(name, pkg.target_for(torch.device("cuda")))
+t["load"] = time.perf_counter()
+from dplr_gen.testing import rwkv7_inputs
+x = {n: v.requires_grad_(True) for n, v in rwkv7_inputs(B, T, H, D, dtype=torch.bfloat16, device="cuda", seed=0).items()}
+torch.cuda.synchronize()
+t["inputs"] = time.perf_counter()
+n_before = len(builds)
+o, ht = ops.chunk_dplr_delta_rule(**x, output_final_state=True, lower_bound=-0.61, package=pkg)
+torch.cuda.synchronize()
+t["first_fwd"] = time.perf_counter()
+fwd_builds = builds[n_before:]
+torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)))
+torch.cuda.synchronize()
+t["first_bwd"] = time.perf_counter()
+keys = list(t)
+phases = {k: t[k] - t[p] for p, k in zip(keys, keys[1:])}
+print("RESULT " + json.dumps({"phases_s": phases, "total_s": t["first_bwd"] - t["start"],
+                               "launcher_builds": len(builds), "launcher_build_s": sum(builds),
+                               "launcher_builds_in_fwd": len(fwd_builds)}))
+"""
+
+
+def run_child(package: str, shape: str, cache_dir: str, importtime: bool = False) -> dict:
+    env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, DPLR_GEN_NO_JIT="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable] + (["-X", "importtime"] if importtime else []) + ["-c", CHILD, package, shape]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=300)
+    wall = time.perf_counter() - t0
+    out: dict = {"wall_s": wall, "rc": proc.returncode}
+    for ln in proc.stdout.splitlines():
+        if ln.startswith("RESULT "):
+            out.update(json.loads(ln[7:]))
+    if proc.returncode:
+        out["stderr"] = proc.stderr[-3000:]
+    if importtime:  # "import time: self [us] | cumulative | imported package"
+        rows = []
+        for ln in proc.stderr.splitlines():
+            if ln.startswith("import time:") and "|" in ln and "cumulative" not in ln:
+                _, cum, name = (p.strip() for p in ln[len("import time:"):].split("|"))
+                if not name.startswith(" ") and "." not in name.strip():
+                    rows.append((int(cum) / 1e6, name.strip()))
+        out["top_level_imports_s"] = dict(sorted(((n, round(s, 3)) for s, n in rows), key=lambda r: -r[1])[:15])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--package", default=str(REPO / "generated" / "hopper"))
+    ap.add_argument("--shape", default="4x4096x32x64")
+    args = ap.parse_args()
+    cache = tempfile.mkdtemp(prefix="triton-cold-")
+    res = {
+        "shape": args.shape,
+        "cold": run_child(args.package, args.shape, cache),
+        "warm_triton_cache": run_child(args.package, args.shape, cache),
+        "cold_importtime": run_child(args.package, args.shape, tempfile.mkdtemp(prefix="triton-cold-"), True),
+    }
+    print(json.dumps(res, indent=1))
+    out = Path(os.environ.get("OUT") or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cold_start.json").write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
