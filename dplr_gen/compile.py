@@ -23,6 +23,8 @@ from types import ModuleType
 from typing import Any
 
 RESULT_PREFIX = "DPLR_GEN_RESULT "
+# printed (and flushed) before each kernel's compile, so that the parent can name the kernel an abort killed
+COMPILING_PREFIX = "DPLR_GEN_COMPILING "
 MMA_CONVERSION_HINT = (
     "the pattern behind \"mma -> mma layout conversion is only supported on Ampere\": a dot result flows into "
     "another dot through a conversion between MMA layouts"
@@ -83,11 +85,16 @@ def run_job(job: CompileJob) -> CompileOutcome:
         with cache.locked(key, job.triton_version, root):
             meta = cache.read_entry(key, job.triton_version, root)
             if meta is None:
+                print(COMPILING_PREFIX + name, flush=True)
                 t0 = time.perf_counter()
-                res = triton_compat.compile_kernel(
-                    getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name], job.cc,
-                    **module.LAUNCH[name],
-                )
+                try:
+                    res = triton_compat.compile_kernel(
+                        getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name], job.cc,
+                        **module.LAUNCH[name],
+                    )
+                except Exception as e:
+                    e.dplr_gen_kernel = name  # type: ignore[attr-defined]
+                    raise
                 seconds = time.perf_counter() - t0
                 problems = []
                 if res.shared > job.smem_limit:
@@ -145,14 +152,23 @@ def run_in_subprocess(job: CompileJob, timeout: float = 900.0, python: str = sys
         return CompileOutcome(job.unit, job.target, False, error=f"compiling {where} timed out after {timeout:.0f} s")
     finally:
         os.unlink(job_path)
-    for line in reversed(proc.stdout.splitlines()):
+    lines = proc.stdout.splitlines()
+    for line in reversed(lines):
         if line.startswith(RESULT_PREFIX):
             return CompileOutcome(**json.loads(line[len(RESULT_PREFIX):]))
+    kernel = next((ln[len(COMPILING_PREFIX):] for ln in reversed(lines) if ln.startswith(COMPILING_PREFIX)), None)
+    if kernel:
+        where = f"kernel {kernel} of {where}"
     tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
     how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with {proc.returncode}"
     if proc.returncode in (-6, 134):
         how = "aborted inside the compiler (SIGABRT)"
     return CompileOutcome(job.unit, job.target, False, error=f"the compiler {how} compiling {where}:\n{tail}")
+
+
+def _kernel_of(e: BaseException) -> str:
+    name = getattr(e, "dplr_gen_kernel", None)
+    return f"kernel {name} of " if name else ""
 
 
 def main(argv: list[str]) -> int:
@@ -162,7 +178,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # a Python-level compiler error: report it, do not die silently
         outcome = CompileOutcome(
             job.unit, job.target, False,
-            error=f"compiling {job.unit} for {job.target} with Triton {job.triton_version} failed: "
+            error=f"compiling {_kernel_of(e)}{job.unit} for {job.target} with Triton {job.triton_version} failed: "
             f"{type(e).__name__}: {str(e).strip()[:2000]}",
         )
     print(RESULT_PREFIX + json.dumps(asdict(outcome)), flush=True)

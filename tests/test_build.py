@@ -172,3 +172,31 @@ def test_python_compile_error_is_reported(tmp_path: Path) -> None:
     job.source = str(src)
     res = run_in_subprocess(job)
     assert not res.ok and "failed" in res.error and "sm_80" in res.error
+    assert "kernel chained of planted_w4" in res.error
+
+
+ABORT_IN_COMPILE = """
+import os
+
+
+class _Boom:  # stands in for a kernel whose compile aborts the process (as the compiler's asserts do)
+    def __getattr__(self, name):
+        os.abort()
+
+
+fine = None
+boom = _Boom()
+SIGNATURES = {"boom": {"x": "*fp32"}}
+CONSTEXPRS = {"boom": {}}
+LAUNCH = {"boom": {"num_warps": 4, "num_stages": 1}}
+"""
+
+
+def test_abort_names_the_kernel_being_compiled(tmp_path: Path) -> None:
+    src = tmp_path / "boom.py"
+    src.write_text(ABORT_IN_COMPILE)
+    job = CompileJob(unit="boomunit", source=str(src), source_hash="boom", target="sm_90", cc=90, smem_limit=1,
+                     check_mma=True, triton_version=str(b.installed_triton()), cache_root=str(tmp_path / "c"))
+    res = run_in_subprocess(job)
+    assert not res.ok
+    assert "SIGABRT" in res.error and "kernel boom of boomunit for sm_90" in res.error
