@@ -152,6 +152,9 @@ class SpecPackage:
             _set_torch_allocator()
         aot, why = self._load_aot(module, entry["unit"])
         if aot is not None:
+            from . import triton_compat
+
+            triton_compat.warm_launchers(aot.values())
             return KernelSet(module, aot)
         if os.environ.get(NO_JIT_ENV, "0") not in ("", "0"):
             raise NotBuiltError(

@@ -293,3 +293,28 @@ def test_compile_after_interpreter_left_language_patched() -> None:
         assert tc.repair_triton_language() is False
     finally:
         tl.program_id = original
+
+
+def test_warm_launchers_builds_each_stub_once_and_never_raises(monkeypatch) -> None:
+    import threading
+    import time as _time
+    from types import SimpleNamespace
+
+    import triton.runtime
+
+    from dplr_gen import triton_compat as tc
+
+    built, threads = [], set()
+
+    def launcher_cls(src, metadata):
+        threads.add(threading.get_ident())
+        _time.sleep(0.05)
+        if src == "bad":
+            raise RuntimeError("no C compiler")
+        built.append(src)
+
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=launcher_cls)))
+    ks = [tc.LoadedKernel(SimpleNamespace(src=s, metadata=None), [], {}) for s in ("a", "b", "bad")]
+    tc.warm_launchers(ks)
+    assert sorted(built) == ["a", "b"]
+    assert len(threads) > 1  # concurrently
