@@ -7,6 +7,10 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
           vs float64 of o, final state and every gradient, for dplr-fast (lower_bound=-0.61), dplr-generic and
           fla-best (chunk_size=64, lower_bound=-0.61) on the same tensors (checksums compared).
           PASS: <= 5e-3 (o, ht), <= 8e-3 (gradients), and no worse than fla: err <= 1.1 * fla_err + 1e-4.
+          D256: bf16, B=1, T=4096, H=2, K=V=256, dplr-fast and dplr-generic only (the same bounds; no fla). The
+          specs stop at 128, so the job build:D256 first builds a package of its own for this GPU (chunk 16,
+          both gates) under $TMPDIR/dplr-gen-check-wide (a no-op when already built) and records compile times
+          and shared memory; its failure is a FAIL row.
   prec    dplr-gen in fp32 (ieee dots) <= 1e-5 and fp16 <= 3e-3, everything, B=1, T=1024, H=2, D=64.
   report  the original failure report: B=1, T=4096, H=2, K=V=128, bf16, cu_seqlens=[0, T] (int32, cuda), zero
           initial state, keyword arguments, output_final_state=True. raw randn a/b (and r, k, v): must run to
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -60,6 +65,7 @@ CASES = {
     "fp32": Case(1, 1024, 2, 64, "float32", 13),
     "fp16": Case(1, 1024, 2, 64, "float16", 14),
     "report": Case(1, 4096, 2, 128, "bfloat16", 15, (4096,), "zeros"),
+    "D256": Case(1, 4096, 2, 256, "bfloat16", 16),
 }
 DRY_CASES = {
     "D64": Case(1, 64, 1, 64, "float32", 11),
@@ -67,7 +73,25 @@ DRY_CASES = {
     "fp32": Case(1, 32, 1, 64, "float32", 13),
     "fp16": Case(1, 32, 1, 64, "float16", 14),
     "report": Case(1, 64, 1, 128, "float32", 15, (64,), "zeros"),
+    "D256": Case(1, 40, 1, 256, "float32", 16),
 }
+# Cases beyond the main package's head dims: each gets a package of its own, built for the GPU by "build:<case>"
+WIDE = ("D256",)
+WIDE_SPEC = """\
+name: {name}
+description: gpu_check's own package for case {case} (K=V={D}, {dtype})
+targets: [{target}]
+variants:
+  - ops: [chunk]
+    dtypes: [{dtype}]
+    head_dims: [{D}]
+    chunk_sizes: [16]
+    varlen: [false]
+    gate_bounds: [{bound}, null]
+tuning:
+  chunk.bwd: {{num_stages: 1}}
+"""
+SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def job_groups(only: list[str] | None = None) -> list[list[str]]:
@@ -75,10 +99,20 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     the others' CUDA context), fla last (its first calls autotune for minutes)."""
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
             + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile"])
-    groups = [dplr, ["scale-decode"], ["scale-big"], [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
+    wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
+    groups = [dplr, wide, ["scale-decode"], ["scale-big"],
+              [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
     if only:
         groups = [[j for j in g if any(j.startswith(p) for p in only)] for g in groups]
+        # a wide case's accuracy jobs need its package: its build job goes first in their group
+        groups = [[f"build:{c}" for c in WIDE if f"build:{c}" not in g and any(j.startswith(f"table:{c}:") for j in g)]
+                  + g for g in groups]
     return [g for g in groups if g]
+
+
+def wide_package_dir(case_name: str) -> Path:
+    """Where build:<case> puts the case's package: a fixed place, so that a rebuild on this machine is free."""
+    return Path(tempfile.gettempdir()) / "dplr-gen-check-wide" / f"check_{case_name.lower()}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -95,6 +129,9 @@ class Worker:
 
         return package_at(self.cfg["package"])
 
+    def package_dir(self, case_name: str) -> str:
+        return str(wide_package_dir(case_name)) if case_name in WIDE else self.cfg["package"]
+
     def inputs(self, case: Case, raw: bool = False) -> dict[str, Any]:
         import torch
 
@@ -106,11 +143,13 @@ class Worker:
         kind, *rest = job.split(":")
         if kind in ("table", "prec", "report-norm", "report-raw"):
             return self.accuracy(self.cases[rest[0]], rest[0], rest[1], raw=kind == "report-raw")
+        if kind == "build":
+            return self.build_wide(rest[0])
         return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile}[kind]()
 
     def accuracy(self, case: Case, case_name: str, system: str, raw: bool) -> dict[str, Any]:
         """o, ht and gradients vs float64 (raw: only whether fwd+bwd runs, and whether it is finite)."""
-        op, info = C.load_op(C.SYSTEMS[system], self.cfg["package"])
+        op, info = C.load_op(C.SYSTEMS[system], self.package_dir(case_name))
         x = self.inputs(case, raw)
         do, dht = C.grad_outputs(x, case.seed)
         cu, _ = C.cu_tensors(case.lengths, C.SYSTEMS[system].cu_dtype, self.device)
@@ -122,6 +161,34 @@ class Worker:
         ref = C.cached(self.cfg.get("cache_dir"), f"ref_{case_name}",
                        lambda: C.reference(x, do, dht, case.lengths), self.device)
         return out | {"errors": C.errors(got, ref)}
+
+    def build_wide(self, case_name: str) -> dict[str, Any]:
+        """The package of a case the main one does not cover, for this GPU's arch (dry run: rendered only, the
+        interpreter runs the sources). Records compile time and shared memory per kernel."""
+        import torch
+
+        from dplr_gen import build
+        from dplr_gen.runtime import device_target
+
+        case, out = self.cases[case_name], wide_package_dir(case_name)
+        target = "sm_90" if self.dry else device_target(torch.device("cuda"))
+        spec = out.parent / f"{out.name}.yaml"
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(WIDE_SPEC.format(name=out.name, case=case_name, D=case.D, dtype=SHORT_DTYPE[case.dtype],
+                                         target=target, bound=C.GATE_BOUND))
+        res: dict[str, Any] = {"case": case_name, "target": target, "package": str(out), "spec": spec.read_text()}
+        if self.dry:
+            build.write_package(build.plan(spec, out.parent))
+            return res | {"rendered_only": True}
+        report = build.build(spec, jobs=os.cpu_count() or 4, out_root=out.parent)
+        units = (build.read_manifest(report.out_dir) or {}).get("units", {})  # this build's, or the one it found
+        res.update(seconds=round(report.seconds, 1), up_to_date=report.up_to_date,
+                   refused=[f"{f.what}: {f.reason}" for f in report.refused],
+                   kernels={u: [{n: k[n] for n in ("kernel", "shared", "compile_s")} for k in e["kernels"]]
+                            for u, e in units.items()})
+        if report.failures or report.refused:
+            res["error"] = "; ".join([f"{o.unit}: {o.error[:600]}" for o in report.failures] + res["refused"])
+        return res
 
     def scale_big(self) -> dict[str, Any]:
         """> 2**31 elements per tensor: forward only; the last (short) sequence checked against float64."""
@@ -252,6 +319,12 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
     for c in ("D64", "D128"):
         for s in (*DPLR, FLA):
             acc_row("table", c, s, True)
+    for c in WIDE:
+        r = results.get(f"build:{c}", {"error": "not run"})
+        rows.append({"check": f"build:{c}", "system": "dplr-gen", "cells": {}, "error": r.get("error"),
+                     "status": "FAIL" if r.get("error") else "PASS"})
+        for s in DPLR:
+            acc_row("table", c, s, False)
     for c in ("fp32", "fp16"):
         for s in DPLR:
             acc_row("prec", c, s, False)
@@ -313,7 +386,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", help="comma list of job prefixes: table, prec, report, scale, compile, table:D64, ...")
+    ap.add_argument("--only", help="comma list of job prefixes: table, prec, report, scale, compile, build, table:D64, ...")
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for everything (default 560)")
     ap.add_argument("--deadline", type=float, help="absolute time.time() to finish by (overrides --budget)")
     ap.add_argument("--package", default=str(C.REPO / "generated" / "hopper"))
@@ -333,7 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if dry else "cuda"
     cfg = {"device": device, "dry_run": dry, "package": C.dry_run_package() if dry else args.package,
            "cache_dir": tempfile.mkdtemp(prefix="dplr-check-")}
+    only = [p.strip() for p in args.only.split(",")] if args.only else None
+    groups = job_groups(only)
     results = C.load_resume(args.resume, "gpu_check")
+    for c in WIDE:  # a resumed build is no package on this machine: build (or find) it again where it is needed
+        if any(j.startswith(f"table:{c}:") and j not in results for g in groups for j in g):
+            results.pop(f"build:{c}", None)
     report = C.Report(C.out_dir() / "gpu_check.json", script="gpu_check")
     report.data = {"machine": C.machine_info(device), "config": {**cfg, "argv": sys.argv[1:]},
                    "criteria": {"bounds_o_ht_grad": BOUNDS, "no_worse_than_fla": f"err <= {FLA_FACTOR} * fla_err + {FLA_SLACK}",
@@ -342,8 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                    "cases": {k: vars(v) for k, v in (DRY_CASES if dry else CASES).items()}, "results": results}
     report.save()
     env = C.worker_env(device, allow_jit=args.allow_jit)
-    only = [p.strip() for p in args.only.split(",")] if args.only else None
-    for group in job_groups(only):
+    for group in groups:
         jobs = [j for j in group if j not in results]
         if jobs:
             print(f"== {len(jobs)} job(s): {', '.join(jobs)}; {deadline - time.time():.0f} s left", flush=True)
@@ -351,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
             report.save()
     rows = judge_all(results, DRY_CASES if dry else CASES, dry)
     if only:
-        rows = [r for r in rows if any(r["check"].startswith(p) or f"{r['check']}:{r['system']}".startswith(p) for p in only)]
+        ran = {j for g in groups for j in g}
+        rows = [r for r in rows if r["check"] in ran
+                or any(r["check"].startswith(p) or f"{r['check']}:{r['system']}".startswith(p) for p in only)]
     count = {st: sum(r["status"] == st for r in rows) for st in ("PASS", "FAIL")}
     report.data.update(rows=rows, same_inputs=C.same_inputs(results, input_group),
                        summary={"pass": count["PASS"], "fail": count["FAIL"]})

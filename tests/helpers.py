@@ -10,6 +10,7 @@ import torch
 from dplr_gen import build as b
 from dplr_gen.reference import naive_dplr_delta_rule
 from dplr_gen.runtime import SpecPackage, package_at
+from dplr_gen.testing import rel_err
 
 
 def render_package(tmp_root: Path, spec_text: str, name: str) -> SpecPackage:
@@ -36,3 +37,14 @@ def reference_with_grads(
     names = list(x64)
     grads = torch.autograd.grad(loss, [x64[n] for n in names])
     return o.detach(), ht.detach(), dict(zip(names, grads))
+
+
+def fwd_bwd_errors(op: Any, x: dict[str, Any], scale: float | None = None, **kw: Any) -> dict[str, float]:
+    """``op(**x, output_final_state=True, **kw)`` forward and backward (of <o, do> + <ht, dht>, random do and dht)
+    against the float64 reference: the relative error of o, the final state and every input's gradient."""
+    xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items() if t is not None}
+    o, ht = op(**xs, scale=scale, output_final_state=True, **kw)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    ro, rht, rg = reference_with_grads(x, scale, kw.get("cu_seqlens"), do, dht)
+    return {"o": rel_err(o, ro), "ht": rel_err(ht, rht), **{n: rel_err(xs[n].grad, rg[n]) for n in xs}}

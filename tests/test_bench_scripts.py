@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from benchmarks import bench
 from benchmarks import common as C
 from dplr_gen.reference import naive_dplr_delta_rule
+from dplr_gen.spec import Spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -335,3 +337,29 @@ def test_gpu_check_rows() -> None:
     rows = {(r["check"], r["system"]): r for r in g.judge_all(small, g.CASES, dry=True)}
     assert rows[("scale-big:chunk_fast", "dplr-fast")]["status"] == "PASS"
     assert math.isclose(g.FLA_FACTOR, 1.1) and g.FLA_SLACK == 1e-4
+
+
+def test_gpu_check_wide_case_builds_its_package_first() -> None:
+    g = gpu_check
+    c = g.CASES["D256"]
+    assert (c.B, c.T, c.H, c.D, c.dtype) == (1, 4096, 2, 256, "bfloat16") and g.DRY_CASES["D256"].D == 256
+    assert ["build:D256", "table:D256:dplr-fast", "table:D256:dplr-generic"] in g.job_groups()
+    assert g.job_groups()[-1][0].endswith(":fla-best")
+    # the accuracy jobs of a wide case take its build job along, whatever --only names
+    assert g.job_groups(["table:D256:dplr-fast"]) == [["build:D256", "table:D256:dplr-fast"]]
+    assert ["build:D256", "table:D256:dplr-fast", "table:D256:dplr-generic"] in g.job_groups(["table"])
+    assert g.job_groups(["build"]) == [["build:D256"]]
+    assert g.wide_package_dir("D256").name == "check_d256"
+    spec = g.WIDE_SPEC.format(name="check_d256", case="D256", D=256, dtype="bf16", target="sm_90", bound=-0.61)
+    parsed = Spec.model_validate(yaml.safe_load(spec))
+    assert parsed.targets == ["sm_90"] and parsed.variants[0].head_dims == [256]
+    assert parsed.variants[0].gate_bounds == [-0.61, None]
+    good = {q: 1e-3 for q in C.QUANTITIES}
+    res = {"build:D256": {"error": "chunk_...__sm_90: kernel chunk_dplr_bwd_kernel: uses 1 B"},
+           "table:D256:dplr-fast": {"errors": good}}
+    rows = {(r["check"], r["system"]): r for r in g.judge_all(res, g.CASES)}
+    assert rows[("build:D256", "dplr-gen")]["status"] == "FAIL"
+    assert rows[("table:D256", "dplr-fast")]["status"] == "PASS"  # the bounds only: no fla yardstick there
+    assert "fla" not in rows[("table:D256", "dplr-fast")]["cells"]["o"][2]
+    assert rows[("table:D256", "dplr-generic")]["status"] == "FAIL"  # not run
+    assert "FAIL build:D256 dplr-gen" in g.render(list(rows.values()))

@@ -81,16 +81,20 @@ def make_variant(dtype="fp32", K=32, V=None, chunk_size=16, varlen=False, gate_b
                            dot_precision=dot_precision if dtype == "fp32" else None)
 
 
+ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template's default tiles are the widest
+
+
 def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
 
 
-def render(v, tune=None, flags=None) -> str:
+def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     tune = tune or {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs()}
     flags = flags or _default_flags()
-    return env.get_template(TEMPLATE).render(v=v, tune=tune, flags=flags, header=f"# test render: {v.name}")
+    return env.get_template(TEMPLATE).render(v=v, tune=tune, flags=flags, arch=arch,
+                                             header=f"# test render: {v.name}")
 
 
 def _default_flags():
@@ -104,8 +108,8 @@ _MODULES: dict[str, object] = {}
 _TMP = Path(tempfile.mkdtemp(prefix="chunk_dplr_test_"))
 
 
-def load(v, tune=None, flags=None) -> DevKernelSet:
-    src = render(v, tune, flags)
+def load(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> DevKernelSet:
+    src = render(v, tune, flags, arch)
     key = hashlib.sha256(src.encode()).hexdigest()[:16]
     if key not in _MODULES:
         path = _TMP / f"chunk_dplr_{key}.py"
@@ -230,6 +234,20 @@ def test_render_contract(dtype, varlen, gate_bound, chunk_size):
     assert mod.LAUNCH[chunk_driver.BWD_DH] == {"num_warps": 2, "num_stages": 1}
     factored = gate_bound is not None and chunk_size * -gate_bound / 2 <= 30
     assert ("factored exponents" in src) == factored
+
+
+@pytest.mark.parametrize("K,V,bv,bv_bwd_99kb", [(32, 128, 64, 16), (64, 64, 64, 16), (100, 60, 32, 16),
+                                                (128, 256, 32, 16), (192, 160, 16, 16), (256, 256, 16, 16),
+                                                (256, 20, 16, 16)])
+def test_default_v_tiles(K, V, bv, bv_bwd_99kb):
+    """Default V tiles keep the [BK, BV] state tile at 4096 elements; under 128 KB of shared memory the
+    chunk-parallel backward takes 16. Explicit knobs win (test_render_contract)."""
+    v = make_variant("bf16", K=K, V=V, gate_bound=-0.61)
+    big = load(v).m.CONSTEXPRS
+    assert [big[n]["BV"] for n in (chunk_driver.FWD, chunk_driver.BWD_DH, chunk_driver.BWD)] == [bv] * 3
+    small = load(v, arch=SimpleNamespace(smem_per_block=101376)).m.CONSTEXPRS
+    assert [small[n]["BV"] for n in (chunk_driver.FWD, chunk_driver.BWD_DH, chunk_driver.BWD)] == [
+        bv, bv, bv_bwd_99kb]
 
 
 def test_chunk_map():
