@@ -149,6 +149,20 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
     return out
 
 
+# Per target: (predicate on (variant, arch), reason). What one arch cannot hold, refused before compiling.
+_TARGET_RULES: list[tuple[Any, Any]] = [
+    (lambda v, arch: v.dtype not in arch.dtypes, lambda v, arch: f"{arch.target} has no {v.dtype} support ({arch.name})"),
+    (
+        # measured (Triton 3.6): 120-121 KB at K = 192/256 with 16-wide V tiles, bounded or any gate
+        lambda v, arch: v.op == "chunk" and v.dtype == "fp32" and v.K > 128 and arch.smem_per_block < 124 * 1024,
+        lambda v, arch: (
+            f"the fp32 chunk backward at K > 128 needs about 120 KB of shared memory even with 16-wide V tiles; "
+            f"{arch.target} has {arch.smem_per_block // 1024} KB per block: use bf16/fp16 or K <= 128 there"
+        ),
+    ),
+]
+
+
 def build_units(
     spec: Spec, triton_version: Version
 ) -> tuple[list[BuildUnit], list[Filtered]]:
@@ -165,10 +179,11 @@ def build_units(
             # kernels that may need global scratch get an allocator set before launch (see runtime)
             flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
             what = f"{v.name}__{target}"
+            unfit = next((why(v, arch) for pred, why in _TARGET_RULES if pred(v, arch)), None)
             if refusal is not None:
                 refused.append(Filtered(what, refusal))
-            elif v.dtype not in arch.dtypes:
-                refused.append(Filtered(what, f"{target} has no {v.dtype} support ({arch.name})"))
+            elif unfit is not None:
+                refused.append(Filtered(what, unfit))
             else:
                 units.append(
                     BuildUnit(v, arch, flags, _resolve_knobs(spec, arch, v, limits), tuple(applied))

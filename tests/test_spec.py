@@ -147,3 +147,16 @@ def test_unknown_arch_lists_known(tmp_path: Path) -> None:
 def test_shipped_specs_load(path: Path) -> None:
     variants, _ = expand(load_spec(path))
     assert variants
+
+
+def test_fp32_wide_chunk_is_refused_on_99kb_archs(tmp_path: Path) -> None:
+    text = ("name: t\ntargets: [sm_86, sm_90]\nvariants:\n  - ops: [chunk, fused_recurrent]\n    dtypes: [fp32, bf16]\n"
+            "    head_dims: [256, [128, 256]]\n    chunk_sizes: [16]\n    varlen: [false]\n")
+    units, refused = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
+    why = {f.what: f.reason for f in refused}
+    assert "120 KB" in why["chunk_fp32_k256_v256_c16_dense_gany_gfp32_sfp32_ieee__sm_86"]
+    built = {u.name for u in units}
+    assert "chunk_fp32_k256_v256_c16_dense_gany_gfp32_sfp32_ieee__sm_90" in built
+    assert "chunk_fp32_k128_v256_c16_dense_gany_gfp32_sfp32_ieee__sm_86" in built  # K <= 128 fits
+    assert "chunk_bf16_k256_v256_c16_dense_gany_gfp32_sfp32__sm_86" in built
+    assert "fused_recurrent_fp32_k256_v256_dense_gany_gfp32_sfp32_ieee__sm_86" in built
