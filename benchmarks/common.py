@@ -134,6 +134,8 @@ SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (
         System("dplr-fast", "dplr", "dplr-gen chunk_rwkv7, lower_bound=-0.61 (bounded-gate variant, chunk 16)", (("lower_bound", GATE_BOUND),)),
+        System("dplr-keep", "dplr", "dplr-gen chunk_rwkv7, lower_bound=-0.61, disable_recompute=True (states kept)",
+               (("lower_bound", GATE_BOUND), ("disable_recompute", True))),
         System("dplr-generic", "dplr", "dplr-gen chunk_rwkv7, defaults (generic gate, chunk 16)"),
         System("fla-best", "fla", "fla-core chunk_rwkv7, chunk_size=64, lower_bound=-0.61",
                (("chunk_size", 64), ("lower_bound", GATE_BOUND))),

@@ -79,11 +79,22 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
         args.append(cu_seqlens)
     args += [float(scale), T, H]
     getattr(ks, FWD)[(N * H, _cdiv(V, BV))](*args)
-    saved = {
+    return o, ht, saved_for_backward(v, q, k, v_, a, b, gk, h, scale, cu_seqlens)
+
+
+def states_shape(v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """Shape of the chunk-start states ``h`` the forward writes: [slots, H, K, V]."""
+    return (_layout(v, q, cu_seqlens)[1], q.shape[2], q.shape[3], V)
+
+
+def saved_for_backward(v, q, k, v_, a, b, gk, h, scale: float, cu_seqlens) -> dict:
+    """What the backward kernels need: the inputs and the fp32 chunk-start states (from the forward, kept or
+    recomputed)."""
+    N, n_slots = _layout(v, q, cu_seqlens)
+    return {
         "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h": h,
         "scale": float(scale), "cu_seqlens": cu_seqlens, "N": N, "n_slots": n_slots,
     }
-    return o, ht, saved
 
 
 def chunk_dplr_bwd_dh(ks, v, saved, do: torch.Tensor, dht: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -178,23 +178,29 @@ def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
 def _chunk_fwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    keep_states: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, final state, chunk-start states h if ``keep_states`` else an empty tensor)."""
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
-    o, ht, _ = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
-    return o, ht
+    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+    return o, ht, (saved["h"] if keep_states else h0.new_empty(0))
 
 
 def _chunk_bwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
-    do: torch.Tensor, dht: Optional[torch.Tensor],
+    do: torch.Tensor, dht: Optional[torch.Tensor], h: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of (q, k, v, a, b, gk, h0); the chunk-start states ``h`` are recomputed unless given."""
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
-    _, _, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+    if h is not None and h.numel() > 0:
+        saved = chunk_driver.saved_for_backward(var, q, k, v, a, b, gk, h, scale, cu_seqlens)
+    else:
+        _, _, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
     return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
 
 
@@ -229,40 +235,52 @@ _chunk_bwd = torch.library.custom_op("dplr_gen::chunk_bwd", mutates_args=())(_ch
 _fused_fwd = torch.library.custom_op("dplr_gen::fused_recurrent_fwd", mutates_args=())(_fused_fwd_impl)
 
 
-def _fwd_fake(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
+def _fused_fwd_fake(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # type: ignore[no-untyped-def]
     return v.new_empty(v.shape), h0.new_empty(h0.shape)
 
 
+@_chunk_fwd.register_fake
+def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, keep_states):  # type: ignore[no-untyped-def]
+    from . import chunk_driver
+    from .runtime import package_at
+
+    var = package_at(pkg).variants[variant]
+    shape = chunk_driver.states_shape(var, q, v.shape[-1], cu_seqlens) if keep_states else (0,)
+    return v.new_empty(v.shape), h0.new_empty(h0.shape), h0.new_empty(shape)
+
+
 @_chunk_bwd.register_fake
-def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht):  # type: ignore[no-untyped-def]
+def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, h):  # type: ignore[no-untyped-def]
     return tuple(t.new_empty(t.shape) for t in (q, k, v, a, b, gk, h0))
 
 
-_chunk_fwd.register_fake(_fwd_fake)
-_fused_fwd.register_fake(_fwd_fake)
+_fused_fwd.register_fake(_fused_fwd_fake)
 
 
 def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs
+    pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs[:11]
     ctx.meta = (pkg, variant, scale)
-    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens)
+    # the chunk op's third output: the chunk-start states when the forward kept them (else empty)
+    states = output[2] if len(output) > 2 else None
+    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens, states)
 
 
-def _backward_with(op: str) -> Any:
-    def backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
-        pkg, variant, scale = ctx.meta
-        q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
-        grads = _chunk_bwd(pkg, _backward_variant(op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens, scale,
-                           do, dht)
-        return (None, None, *grads, None, None)
-
-    return backward
+def _grads(ctx: Any, op: str, do: torch.Tensor, dht: Optional[torch.Tensor], bwd: Any) -> tuple[Any, ...]:
+    pkg, variant, scale = ctx.meta
+    q, k, v, a, b, gk, h0, cu_seqlens, states = ctx.saved_tensors
+    return bwd(pkg, _backward_variant(op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, states)
 
 
-torch.library.register_autograd("dplr_gen::chunk_fwd", _backward_with("chunk"), setup_context=_save_inputs)
-torch.library.register_autograd(
-    "dplr_gen::fused_recurrent_fwd", _backward_with("fused_recurrent"), setup_context=_save_inputs
-)
+def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor], _dh: Any) -> tuple[Any, ...]:
+    return (None, None, *_grads(ctx, "chunk", do, dht, _chunk_bwd), None, None, None)
+
+
+def _fused_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
+    return (None, None, *_grads(ctx, "fused_recurrent", do, dht, _chunk_bwd), None, None)
+
+
+torch.library.register_autograd("dplr_gen::chunk_fwd", _chunk_backward, setup_context=_save_inputs)
+torch.library.register_autograd("dplr_gen::fused_recurrent_fwd", _fused_backward, setup_context=_save_inputs)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -273,20 +291,15 @@ class _EagerOp(torch.autograd.Function):
     """The same forward and backward as the custom ops, called directly (see the note on implementations)."""
 
     @staticmethod
-    def forward(ctx: Any, op: str, pkg: str, variant: str, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        fwd = _chunk_fwd_impl if op == "chunk" else _fused_fwd_impl
-        o, ht = fwd(pkg, variant, *args)
-        _save_inputs(ctx, (pkg, variant, *args), None)
+    def forward(ctx: Any, op: str, keep_states: bool, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        out = _chunk_fwd_impl(*args, keep_states) if op == "chunk" else _fused_fwd_impl(*args)
+        _save_inputs(ctx, args, out)
         ctx.op = op
-        return o, ht
+        return out[0], out[1]
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
-        pkg, variant, scale = ctx.meta
-        q, k, v, a, b, gk, h0, cu_seqlens = ctx.saved_tensors
-        grads = _chunk_bwd_impl(pkg, _backward_variant(ctx.op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens,
-                                scale, do, dht)
-        return (None, None, None, *grads, None, None)
+        return (None, None, None, None, *_grads(ctx, ctx.op, do, dht, _chunk_bwd_impl), None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -296,7 +309,7 @@ class _EagerOp(torch.autograd.Function):
 def _run(
     op: str, package: "SpecPackage", names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale: Any,
     initial_state: Any, output_final_state: bool, cu_seqlens: Any, cu_seqlens_cpu: Any = None,
-    chunk_size: int | None = None, lower_bound: float | None = None,
+    chunk_size: int | None = None, lower_bound: float | None = None, keep_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     info = _check_inputs(names, tensors, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     if chunk_size is not None and chunk_size not in (16, 32, 64):
@@ -315,10 +328,13 @@ def _run(
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     # the package travels as its folder path: custom ops take plain strings, and paths are unique
-    if torch.compiler.is_compiling():
-        o, ht = (_chunk_fwd if op == "chunk" else _fused_fwd)(str(package.dir), variant, *args, cu, info["scale"])
+    pkg, keep = str(package.dir), bool(keep_states) and op == "chunk"
+    if not torch.compiler.is_compiling():
+        o, ht = _EagerOp.apply(op, keep, pkg, variant, *args, cu, info["scale"])
+    elif op == "chunk":
+        o, ht, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep)
     else:
-        o, ht = _EagerOp.apply(op, str(package.dir), variant, *args, cu, info["scale"])
+        o, ht = _fused_fwd(pkg, variant, *args, cu, info["scale"])
     return o, (ht if output_final_state else None)
 
 
@@ -331,11 +347,13 @@ def chunk_dplr_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked DPLR delta rule. ``lower_bound`` promises gk >= lower_bound and selects a faster variant built
     for a bound at or below it; ``chunk_size`` prefers a variant of that chunk (results differ only by
-    rounding); ``safe_gate`` and ``disable_recompute`` are accepted for fla compatibility and change nothing."""
+    rounding); ``disable_recompute=True`` keeps the fp32 chunk-start states of the forward for the backward
+    instead of recomputing them ([T/C, H, K, V] per sequence: faster backward, more memory; same result);
+    ``safe_gate`` is accepted for fla compatibility and changes nothing."""
     if unexpected:
         raise TypeError(f"chunk_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")
     return _run("chunk", package, ("q", "k", "v", "a", "b", "gk"), (q, k, v, a, b, gk), scale, initial_state,
-                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound)
+                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, disable_recompute)
 
 
 def chunk_rwkv7(
@@ -345,11 +363,11 @@ def chunk_rwkv7(
     safe_gate: bool = False, lower_bound: float | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
     disable_recompute: bool = False, **unexpected: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """RWKV-7 (r, w, k, v, a, b) over the same recurrence: q = r, gk = w."""
+    """RWKV-7 (r, w, k, v, a, b) over the same recurrence: q = r, gk = w (keywords as chunk_dplr_delta_rule)."""
     if unexpected:
         raise TypeError(f"chunk_rwkv7 got unexpected keyword argument(s) {sorted(unexpected)}")
     return _run("chunk", package, ("r", "k", "v", "a", "b", "w"), (r, k, v, a, b, w), scale, initial_state,
-                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound)
+                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, disable_recompute)
 
 
 def fused_recurrent_dplr_delta_rule(

@@ -194,7 +194,8 @@ def test_fla_kwargs_and_unavailable_fla(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "fla", None)  # import fla -> ImportError, whatever is installed
     with pytest.raises(ImportError, match="fla not available"):
         C.load_op(C.SYSTEMS["fla-best"], "unused")
-    assert set(C.SYSTEMS) == {"dplr-fast", "dplr-generic", "fla-best", "fla-default"}
+    assert set(C.SYSTEMS) == {"dplr-fast", "dplr-keep", "dplr-generic", "fla-best", "fla-default"}
+    assert dict(C.SYSTEMS["dplr-keep"].kwargs) == {"lower_bound": -0.61, "disable_recompute": True}
     assert dict(C.SYSTEMS["fla-best"].kwargs) == {"chunk_size": 64, "lower_bound": -0.61}
     assert dict(C.SYSTEMS["dplr-fast"].kwargs) == {"lower_bound": -0.61} and not C.SYSTEMS["dplr-generic"].kwargs
 

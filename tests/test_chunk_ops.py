@@ -101,6 +101,30 @@ def test_t1_and_fla_keywords(pkg) -> None:
         run_op(pkg, x, lower_bound=0.5)
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_disable_recompute_keeps_the_states_and_changes_nothing(pkg, monkeypatch: pytest.MonkeyPatch,
+                                                                 varlen: bool) -> None:
+    """fla's disable_recompute=True: the backward uses the forward's chunk-start states (no second forward
+    pass) and gives bit-identical gradients."""
+    x = rwkv7_inputs(1, 40, 2, 32, dtype=torch.float32)
+    kw: dict[str, Any] = {}
+    if varlen:
+        kw["cu_seqlens"] = torch.tensor([0, 17, 40], dtype=torch.int32)
+        x["initial_state"] = torch.randn(2, 2, 32, 32)
+    calls = []
+    real = chunk_driver.chunk_dplr_fwd
+    monkeypatch.setattr(chunk_driver, "chunk_dplr_fwd", lambda *a, **k: calls.append(1) or real(*a, **k))
+    results = {}
+    for keep in (False, True):
+        calls.clear()
+        o, ht, xs = run_op(pkg, x, disable_recompute=keep, **kw)
+        torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)))
+        results[keep] = [xs[n].grad for n in NAMES]
+        assert len(calls) == (1 if keep else 2)
+    for n, g0, g1 in zip(NAMES, results[False], results[True]):
+        assert torch.equal(g0, g1), n
+
+
 def test_lower_bound_selects_bounded_variant(pkg) -> None:
     loose = ops._select(str(pkg.dir), "chunk", torch.float32, 32, 32, False, None, -0.61)
     assert pkg.variants[loose].gate_bound == -0.61
@@ -110,14 +134,16 @@ def test_lower_bound_selects_bounded_variant(pkg) -> None:
     assert pkg.variants[ops._select(str(pkg.dir), "chunk", torch.float32, 32, 32, False)].gate_bound is None
 
 
-def test_torch_compile_fullgraph_with_backward(pkg) -> None:
+@pytest.mark.parametrize("keep_states", [False, True])
+def test_torch_compile_fullgraph_with_backward(pkg, keep_states: bool) -> None:
+    """One compiled graph: the forward custom op (with or without kept states) and the backward one."""
     torch._dynamo.reset()
     x = rwkv7_inputs(1, 20, 1, 32, dtype=torch.float32)
 
     def loss(q, k, v, a, b, gk, h0):
         # through the package's bound op, keyword arguments, as users call it
         o, ht = pkg.chunk_rwkv7(r=q, w=gk, k=k, v=v, a=a, b=b, scale=1.0, initial_state=h0,
-                                output_final_state=True, lower_bound=-0.61)
+                                output_final_state=True, lower_bound=-0.61, disable_recompute=keep_states)
         return (o * o).sum() + ht.sum()
 
     def grads(f):
