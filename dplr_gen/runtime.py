@@ -145,6 +145,11 @@ class SpecPackage:
         entry = self.index["variants"][variant]["targets"][target]
         module = import_source(self.dir / entry["source"], f"dplr_gen_kernels.{self.name}.{entry['unit']}")
         if interpreting():
+            from . import triton_compat
+
+            # before the first interpreted kernel: the interpreter may leave triton.language patched, and
+            # a later ahead-of-time compile in this process restores it from this clean snapshot
+            triton_compat.snapshot_language()
             interpreter_numpy_compat()
             return KernelSet(module, None)
         _refuse_unavoided_miscompiles(entry, target, self.index["variants"][variant]["params"])

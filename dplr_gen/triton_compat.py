@@ -294,6 +294,11 @@ def _lang_objects() -> list[Any]:
     return objs + ([tdb] if tdb is not None else [])
 
 
+def snapshot_language() -> None:
+    """Record triton.language while it is clean (once per process); call before running interpreted kernels."""
+    _snapshot_lang()
+
+
 def _snapshot_lang() -> None:
     global _LANG_SNAPSHOT
     if _LANG_SNAPSHOT is not None:
