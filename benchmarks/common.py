@@ -626,23 +626,13 @@ def worker_env(device: str, extra: Mapping[str, str] | None = None, allow_jit: b
 
 
 def worker_setup(device: str) -> None:
-    """In a worker, before kernels run: CPU dry runs use Triton's interpreter, patched like tests/ do (Triton
-    3.6's interpreter turns 1-element arrays into ints with int(), which numpy >= 2.4 refuses)."""
+    """In a worker, before kernels run: CPU dry runs use Triton's interpreter, with the runtime's numpy shim."""
     if device != "cpu":
         return
     os.environ["TRITON_INTERPRET"] = "1"
-    from triton.runtime import interpreter
+    from dplr_gen.runtime import interpreter_numpy_compat
 
-    orig = interpreter._patch_lang_tensor
-    if getattr(orig, "_dplr_patched", False):
-        return
-
-    def patched(tensor: Any, scope: Any) -> None:
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._dplr_patched = True  # type: ignore[attr-defined]
-    interpreter._patch_lang_tensor = patched
+    interpreter_numpy_compat()
 
 
 def dry_run_package(spec: str = "specs/hopper.yaml") -> str:
