@@ -23,7 +23,6 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,13 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common as C  # noqa: E402
 
+SCRIPT = Path(__file__).resolve()
 STAGES = ("fwd", "bwd_dh", "bwd")
 GATE_BOUND = -0.61
 ACC_SHAPE = (2, 512, 2)
 TIME_SHAPES = {64: (4, 4096, 32), 128: (8, 2048, 16)}
 DRY_TIME_SHAPE = (1, 48, 1)
-# grads compared (name in the ops' keyword arguments)
-INPUTS = ("q", "k", "v", "a", "b", "gk", "initial_state")
 
 SPEC = """
 name: tune{i:02d}
@@ -77,66 +75,57 @@ def drop_warp_caps() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# worker: one spec package
+# worker: one spec package, one job per (head dim, chunk): "D64:C16"
 
 
-def worker(cfg: dict[str, Any]) -> None:
-    import torch
-    import triton
-
-    from dplr_gen import chunk_driver as drv
-    from dplr_gen import ops
-    from dplr_gen.runtime import package_at
-    from dplr_gen.testing import rel_err, rwkv7_inputs
-
+def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
+    C.worker_setup(cfg["device"])
     if cfg["ignore_warp_caps"]:
         drop_warp_caps()
-    dev, dtype = cfg["device"], getattr(torch, cfg["dtype"])
-    pkg = package_at(cfg["package"])
-    refs = torch.load(cfg["refs"])
-    for D in cfg["dims"]:
-        for chunk in cfg["chunks"]:
-            row: dict[str, Any] = {"spec": pkg.name, "D": D, "chunk": chunk}
-            try:
-                name = ops._select(str(pkg.dir), "chunk", dtype, D, D, False, chunk, GATE_BOUND)
-                info = pkg.variants[name]
-                ks = pkg.kernel_set(name, pkg.target_for(torch.device(dev)))
-                row["constexprs"] = {k: ks.constexprs(k) for k in (drv.FWD, drv.BWD_DH, drv.BWD)}
-                # accuracy, outputs poisoned
-                ref = refs[D]
-                xs = {n: t.to(dev, dtype if n not in ("initial_state",) else torch.float32).requires_grad_(True)
-                      for n, t in ref["x"].items()}
-                drv.POISON = True
-                o, ht = ops.chunk_dplr_delta_rule(**xs, output_final_state=True, lower_bound=GATE_BOUND,
-                                                  chunk_size=chunk, package=pkg)
-                grads = torch.autograd.grad((o, ht), [xs[n] for n in INPUTS],
-                                            (ref["do"].to(dev, o.dtype), ref["dht"].to(dev)))
-                drv.POISON = False
-                got = {"o": o, "ht": ht, **{f"d{n}": g for n, g in zip(INPUTS, grads)}}
-                row["err"] = {k: rel_err(got[k].double().cpu(), ref["ref"][k]) for k in got}
-                # per-kernel time
-                B, T, H = cfg["time_shape"] or TIME_SHAPES[D]
-                x = rwkv7_inputs(B, T, H, D, dtype=dtype, device=dev, seed=7)
-                x = {n: t.contiguous() for n, t in x.items()}
-                h0 = x.pop("initial_state").float()
-                scale = D**-0.5
-                o, ht, saved = drv.chunk_dplr_fwd(ks, info, *(x[n] for n in ("q", "k", "v", "a", "b", "gk")),
-                                                  scale, h0, None)
-                do, dht = torch.randn_like(o), torch.randn_like(ht)
-                dh, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, do, dht)
-                fns = {
-                    "fwd": lambda: drv.chunk_dplr_fwd(ks, info, *(x[n] for n in ("q", "k", "v", "a", "b", "gk")),
-                                                      scale, h0, None),
-                    "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, do, dht),
-                    "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, do, dh),
-                }
-                row["shape"] = [B, T, H, D]
-                row["ms"] = {st: C.bench_ms(f, dev, warmup=10, rep=50) for st, f in fns.items()}
-            except Exception as e:  # recorded; an illegal access ends this worker, the parent goes on
-                row["error"] = f"{type(e).__name__}: {str(e)[:800]}"
-            print(C.RESULT_TAG + json.dumps(row), flush=True)
-            if "error" in row and "illegal" in row["error"]:
-                return
+
+    def run(job: str) -> dict[str, Any]:
+        import torch
+
+        from dplr_gen import chunk_driver as drv
+        from dplr_gen import ops
+        from dplr_gen.runtime import package_at
+
+        D, chunk = (int(p[1:]) for p in job.split(":"))
+        dev, dtype = cfg["device"], getattr(torch, cfg["dtype"])
+        pkg = package_at(cfg["package"])
+        row: dict[str, Any] = {"spec": pkg.name, "D": D, "chunk": chunk}
+        name = ops._select(str(pkg.dir), "chunk", dtype, D, D, False, chunk, GATE_BOUND)
+        info = pkg.variants[name]
+        ks = pkg.kernel_set(name, pkg.target_for(torch.device(dev)))
+        row["constexprs"] = {k: ks.constexprs(k) for k in (drv.FWD, drv.BWD_DH, drv.BWD)}
+        # accuracy, outputs poisoned, through the public op with this chunk size
+        ref = torch.load(cfg["refs"])[D]
+        system = C.System("tune", "dplr", "sweep", (("lower_bound", GATE_BOUND), ("chunk_size", chunk)))
+        op, _ = C.load_op(system, cfg["package"])
+        x = C.leaves({n: None if t is None else t.to(dev) for n, t in ref["x"].items()})
+        drv.POISON = True
+        try:
+            got = C.fwd_bwd(op, x, ref["do"].to(dev), ref["dht"].to(dev))
+        finally:
+            drv.POISON = False
+        row["err"] = C.errors(got, ref["ref"])
+        # per-kernel time, the driver called directly
+        B, T, H = cfg["time_shape"] or TIME_SHAPES[D]
+        x = C.rwkv7_case(B, T, H, D, dtype=dtype, device=dev, seed=7)
+        fwd_args = (x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], 1.0, x["h0"], None)
+        o, ht, saved = drv.chunk_dplr_fwd(ks, info, *fwd_args)
+        do, dht = C.grad_outputs(x, 7)
+        dh, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, do, dht)
+        fns = {
+            "fwd": lambda: drv.chunk_dplr_fwd(ks, info, *fwd_args),
+            "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, do, dht),
+            "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, do, dh),
+        }
+        row["shape"] = [B, T, H, D]
+        row["ms"] = {st: C.bench_ms(f, dev, warmup=10, rep=50) for st, f in fns.items()}
+        return row
+
+    return C.worker_loop(jobs, run, cfg["device"])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -144,23 +133,16 @@ def worker(cfg: dict[str, Any]) -> None:
 
 
 def make_refs(dims: list[int], acc_shape: tuple[int, int, int], dtype: str, device: str, path: Path) -> None:
+    """Inputs, cotangents and the float64 reference per head dim, computed once for every worker."""
     import torch
-
-    from dplr_gen.reference import naive_dplr_delta_rule
-    from dplr_gen.testing import rwkv7_inputs
 
     refs = {}
     for D in dims:
-        B, T, H = acc_shape
-        x = rwkv7_inputs(B, T, H, D, dtype=getattr(torch, dtype), device="cpu", seed=1000 + D)
-        x64 = {n: t.double().to(device).requires_grad_(True) for n, t in x.items()}
-        gen = torch.Generator().manual_seed(D)
-        do = torch.randn(B, T, H, D, generator=gen, dtype=torch.float64)
-        dht = torch.randn(B, H, D, D, generator=gen, dtype=torch.float64)
-        o, ht = naive_dplr_delta_rule(**x64, output_final_state=True)
-        grads = torch.autograd.grad((o, ht), [x64[n] for n in INPUTS], (do.to(device), dht.to(device)))
-        ref = {"o": o, "ht": ht, **{f"d{n}": g for n, g in zip(INPUTS, grads)}}
-        refs[D] = {"x": x, "do": do.float(), "dht": dht.float(), "ref": {k: t.detach().cpu() for k, t in ref.items()}}
+        x = C.rwkv7_case(*acc_shape, D, dtype=getattr(torch, dtype), device=device, seed=1000 + D)
+        do, dht = C.grad_outputs(x, 1000 + D)
+        ref = C.reference(x, do, dht)
+        cpu = lambda d: {n: None if t is None else t.detach().cpu() for n, t in d.items()}  # noqa: E731
+        refs[D] = {"x": cpu(x), "do": do.cpu(), "dht": dht.cpu(), "ref": cpu(ref)}
     torch.save(refs, path)
 
 
@@ -193,14 +175,14 @@ def main() -> int:
     ap.add_argument("--num-stages", default="1,2")
     ap.add_argument("--block-v", default="16,32,64")
     ap.add_argument("--ignore-warp-caps", action="store_true")
-    ap.add_argument("--jobs", type=int, default=16)
-    ap.add_argument("--deadline", type=float, default=None, help="epoch seconds: stop starting workers after")
+    ap.add_argument("--build-jobs", type=int, default=16, help="parallel compiles for the sweep's builds")
+    ap.add_argument("--deadline", type=float, default=None, help="epoch seconds: jobs not done by then are recorded")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--jobs", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(json.loads(args.worker))
-        return 0
+        return worker(json.loads(args.worker), args.jobs.split(","))
 
     from dplr_gen import build as b
 
@@ -241,7 +223,7 @@ def main() -> int:
         for p in specs:
             b.write_package(b.plan(p, tmp / "gen"))
     else:
-        jobs_each = max(1, args.jobs // 4)
+        jobs_each = max(1, args.build_jobs // 4)
         with ThreadPoolExecutor(4) as pool:
             reports = list(pool.map(lambda p: b.build(p, jobs=jobs_each, out_root=tmp / "gen"), specs))
         for r in reports:
@@ -251,27 +233,17 @@ def main() -> int:
 
     refs = tmp / "refs.pt"
     make_refs(dims, (1, 20, 1) if dry else ACC_SHAPE, dtype, device, refs)
-    for i, p in enumerate(specs):
-        if args.deadline and time.time() > args.deadline:
-            result["stopped_early"] = f"deadline reached before spec {i}"
-            break
-        cfg = {"package": str(tmp / "gen" / f"tune{i:02d}"), "refs": str(refs), "dims": dims, "chunks": chunks,
-               "device": device, "dtype": dtype, "ignore_warp_caps": args.ignore_warp_caps,
-               "time_shape": DRY_TIME_SHAPE if dry else None}
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(C.REPO), os.environ.get("PYTHONPATH", "")]))
-        timeout = None if not args.deadline else max(10.0, args.deadline - time.time())
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, text=True,
-                                  capture_output=True, timeout=timeout)
-            got = [json.loads(ln[len(C.RESULT_TAG):]) for ln in proc.stdout.splitlines() if ln.startswith(C.RESULT_TAG)]
-            if proc.returncode != 0:
-                got.append({"spec": f"tune{i:02d}", "D": dims[0], "chunk": chunks[0],
-                            "error": f"worker exited {proc.returncode}: {proc.stderr[-800:]}"})
-        except subprocess.TimeoutExpired:
-            got = [{"spec": f"tune{i:02d}", "D": dims[0], "chunk": chunks[0], "error": "worker timed out"}]
-        for row in got:
+    deadline = args.deadline or time.time() + 7 * 86400
+    for i in range(len(specs)):
+        cfg = {"package": str(tmp / "gen" / f"tune{i:02d}"), "refs": str(refs), "device": device, "dtype": dtype,
+               "ignore_warp_caps": args.ignore_warp_caps, "time_shape": DRY_TIME_SHAPE if dry else None}
+        jobs = [f"D{D}:C{c}" for D in dims for c in chunks]
+        got = C.run_jobs(C.worker_cmd(SCRIPT, cfg), jobs, deadline, C.worker_env(device, allow_jit=True))
+        for job, r in got.items():
+            D, c = (int(p[1:]) for p in job.split(":"))
+            row = {"spec": f"tune{i:02d}", "D": D, "chunk": c, **{k: v for k, v in r.items() if k != "job"}}
             print(json.dumps(row), flush=True)
-        result["rows"] += got
+            result["rows"].append(row)
         C.write_json(res_path, result)
     table = ranked(result["rows"], settings_of)
     print(table)
