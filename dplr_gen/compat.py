@@ -42,7 +42,7 @@ from .arch import get_arch
 from .cache import cache_root
 from .compile import CompileJob, CompileOutcome, run_in_subprocess
 from .render import source_hash
-from .variants import BuildUnit, _resolve_knobs, expand
+from .variants import BuildUnit, _resolve_knobs, expand, unit_flags
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SPECS_DIR = REPO_ROOT / "specs"
@@ -222,10 +222,7 @@ def quirk_effects(spec: Any, target: str, version: Version, units: Sequence[Buil
         rest = [x for x in pool if x.id != q.id]
         changed = 0
         for u in units:
-            flags, limits, _, _ = quirk_registry.arch_flags(
-                arch.cc, version, arch.base_flags(), quirks=rest, variant=u.variant.params()
-            )
-            flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
+            flags, limits, _, _ = unit_flags(arch, version, u.variant, quirks=rest)
             if u.flags != flags or u.tune != _resolve_knobs(spec, arch, u.variant, limits):
                 changed += 1
         out[q.id] = changed

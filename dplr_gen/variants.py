@@ -163,6 +163,18 @@ _TARGET_RULES: list[tuple[Any, Any]] = [
 ]
 
 
+def unit_flags(
+    arch: ArchProfile, triton_version: Version, v: Variant, quirks: Any = None
+) -> tuple[dict[str, Any], dict[str, Any], list[str], str | None]:
+    """quirks.arch_flags for one variant on one arch, plus the runtime's ``needs_allocator`` flag."""
+    flags, limits, applied, refusal = quirk_registry.arch_flags(
+        arch.cc, triton_version, arch.base_flags(), quirks=quirks, variant=v.params()
+    )
+    # kernels that may need global scratch get an allocator set before launch (see runtime)
+    flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
+    return flags, limits, applied, refusal
+
+
 def build_units(
     spec: Spec, triton_version: Version
 ) -> tuple[list[BuildUnit], list[Filtered]]:
@@ -173,11 +185,7 @@ def build_units(
     for target in spec.targets:
         arch = get_arch(target)
         for v in variants:
-            flags, limits, applied, refusal = quirk_registry.arch_flags(
-                arch.cc, triton_version, arch.base_flags(), variant=v.params()
-            )
-            # kernels that may need global scratch get an allocator set before launch (see runtime)
-            flags["needs_allocator"] = bool(limits.get("needs_allocator", False))
+            flags, limits, applied, refusal = unit_flags(arch, triton_version, v)
             what = f"{v.name}__{target}"
             unfit = next((why(v, arch) for pred, why in _TARGET_RULES if pred(v, arch)), None)
             if refusal is not None:
