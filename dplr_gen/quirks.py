@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
@@ -17,7 +17,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
-from .spec import VARIANT_KEYS, check_when, when_matches  # noqa: F401  (VARIANT_KEYS re-exported)
+from .spec import check_when, when_matches
 
 Effect = Literal["abort", "miscompile", "compile_error", "hang"]
 

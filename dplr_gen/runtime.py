@@ -144,9 +144,9 @@ class SpecPackage:
     def _load(self, variant: str, target: str) -> KernelSet:
         entry = self.index["variants"][variant]["targets"][target]
         module = import_source(self.dir / entry["source"], f"dplr_gen_kernels.{self.name}.{entry['unit']}")
-        if interpreting():
-            from . import triton_compat
+        from . import triton_compat
 
+        if interpreting():
             # before the first interpreted kernel: the interpreter may leave triton.language patched, and
             # a later ahead-of-time compile in this process restores it from this clean snapshot
             triton_compat.snapshot_language()
@@ -157,8 +157,6 @@ class SpecPackage:
             _set_torch_allocator()
         aot, why = self._load_aot(module, entry["unit"])
         if aot is not None:
-            from . import triton_compat
-
             triton_compat.warm_launchers(aot.values())
             return KernelSet(module, aot)
         if os.environ.get(NO_JIT_ENV, "0") not in ("", "0"):

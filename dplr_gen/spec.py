@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml

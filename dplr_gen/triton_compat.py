@@ -296,10 +296,6 @@ def _lang_objects() -> list[Any]:
 
 def snapshot_language() -> None:
     """Record triton.language while it is clean (once per process); call before running interpreted kernels."""
-    _snapshot_lang()
-
-
-def _snapshot_lang() -> None:
     global _LANG_SNAPSHOT
     if _LANG_SNAPSHOT is not None:
         return
@@ -318,7 +314,7 @@ def repair_triton_language() -> bool:
     """
     import triton.language as tl
 
-    _snapshot_lang()
+    snapshot_language()
     if _LANG_SNAPSHOT is None:
         if not tl.core.is_builtin(tl.program_id):
             raise RuntimeError("triton.language was left patched by Triton's interpreter before dplr_gen could "
@@ -342,7 +338,7 @@ def repair_triton_language() -> bool:
 _MISSING = object()
 
 if "triton.language" in sys.modules:  # cheap here; if not imported yet, the first compile snapshots
-    _snapshot_lang()
+    snapshot_language()
 
 
 def _check_compilable(fn: Any) -> None:

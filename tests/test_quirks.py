@@ -166,10 +166,11 @@ def test_when_matches_listed_values_only() -> None:
 
 
 def test_when_keys_are_the_variant_parameters() -> None:
+    from dplr_gen.spec import VARIANT_KEYS
     from dplr_gen.variants import Variant
 
     v = Variant("chunk", "bf16", "fp32", 64, 64, 16, False, -0.61, "fp32", None)
-    assert set(v.params()) == qr.VARIANT_KEYS
+    assert set(v.params()) == VARIANT_KEYS
 
 
 def test_when_validation_names_field() -> None:
