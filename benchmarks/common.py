@@ -160,6 +160,32 @@ def fla_kwargs(wanted: Mapping[str, Any], accepted: Iterable[str]) -> tuple[dict
 Op = Callable[..., tuple[Any, Any]]
 
 
+# Set to n: every Triton autotuner created afterwards in the process keeps n of its configs (spread over its
+# list). fla-core's first calls autotune for minutes at D=128 (more than a GPU call may last); its error
+# depends on its algorithm, not on which of its own tile configs runs, so accuracy checks can bound that time.
+FLA_MAX_CONFIGS_ENV = "DPLR_BENCH_FLA_MAX_CONFIGS"
+
+
+def limit_autotune_configs(n: int) -> None:
+    """Make every triton Autotuner constructed from now on keep at most ``n`` configs, evenly spaced."""
+    from triton.runtime import autotuner
+
+    base = autotuner.Autotuner
+    if getattr(base, "_dplr_limited", None) == n:
+        return
+    init = base.__init__
+
+    def limited_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        cfgs = list(self.configs)
+        if len(cfgs) > n:
+            step = (len(cfgs) - 1) / max(n - 1, 1)
+            self.configs = [cfgs[round(i * step)] for i in range(n)]
+
+    base.__init__ = limited_init  # type: ignore[method-assign]
+    base._dplr_limited = n  # type: ignore[attr-defined]
+
+
 def load_op(system: System, package: str | Path) -> tuple[Op, dict[str, Any]]:
     """``op(x, cu, cu_cpu) -> (o, ht)`` calling the system's chunk_rwkv7 with output_final_state=True, and a
     record of what was called. Raises ImportError (fla) or the package's own error (dplr) if unusable."""
@@ -171,6 +197,9 @@ def load_op(system: System, package: str | Path) -> tuple[Op, dict[str, Any]]:
         kw: dict[str, Any] = {"package": package_at(package), **dict(system.kwargs)}
         info = {"callable": "dplr_gen.ops.chunk_rwkv7", "package": str(package), "kwargs": dict(system.kwargs)}
     else:
+        limit = int(os.environ.get(FLA_MAX_CONFIGS_ENV) or 0)
+        if limit:
+            limit_autotune_configs(limit)
         try:
             from fla.ops.rwkv7 import chunk_rwkv7 as fn  # type: ignore[no-redef]
         except Exception as e:  # noqa: BLE001 - any import failure means "not available"
@@ -181,6 +210,8 @@ def load_op(system: System, package: str | Path) -> tuple[Op, dict[str, Any]]:
                 "kwargs": kw, "notes": notes}
         if "cu_seqlens_cpu" not in params:
             info["notes"].append("no cu_seqlens_cpu argument")
+        if limit:
+            info["notes"].append(f"autotuning limited to {limit} config(s) per kernel ({FLA_MAX_CONFIGS_ENV})")
 
     def op(x: Mapping[str, Any], cu: Any = None, cu_cpu: Any = None) -> tuple[Any, Any]:
         extra = {} if cu_cpu is None else {"cu_seqlens_cpu": cu_cpu}

@@ -8,7 +8,8 @@ with `dplr_gen.build`, and then measured in a fresh worker process per spec (an 
 setting cannot poison the others):
   accuracy  bf16, B=2, T=512, H=2, RWKV-7 inputs, outputs poisoned: relative-norm error of o, final state and
             every gradient against the float64 reference (computed once per head dim);
-  time      do_bench medians of each kernel alone: fwd (chunk_dplr_fwd_kernel), bwd_dh (the reverse state
+  time      do_bench medians of each stage alone: prep (chunk_dplr_prep_kernel), fwd (prep + the state pass), states (the
+            backward's states-only pass), prep_bwd, bwd_dh (the reverse state
             pass), bwd (the chunk-parallel token pass), at (4, 4096, 32, 64) for D=64 and (8, 2048, 16, 128)
             for D=128, bounded gate -0.61.
 --ignore-warp-caps drops the quirk registry's stage num_warps caps for the sweep, so that a cap can be
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import common as C  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-STAGES = ("fwd", "bwd_dh", "bwd")
+STAGES = ("prep", "fwd", "bwd_dh", "bwd")  # knob stages; prep's block_v is unused
 GATE_BOUND = -0.61
 ACC_SHAPE = (2, 512, 2)
 TIME_SHAPES = {64: (4, 4096, 32), 128: (8, 2048, 16)}
@@ -97,7 +98,7 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         name = ops._select(str(pkg.dir), "chunk", dtype, D, D, False, chunk, GATE_BOUND)
         info = pkg.variants[name]
         ks = pkg.kernel_set(name, pkg.target_for(torch.device(dev)))
-        row["constexprs"] = {k: ks.constexprs(k) for k in (drv.FWD, drv.BWD_DH, drv.BWD)}
+        row["constexprs"] = {k: ks.constexprs(k) for k in (drv.PREP, drv.FWD, drv.BWD_DH, drv.BWD)}
         # accuracy, outputs poisoned, through the public op with this chunk size
         ref = torch.load(cfg["refs"])[D]
         system = C.System("tune", "dplr", "sweep", (("lower_bound", GATE_BOUND), ("chunk_size", chunk)))
@@ -106,6 +107,7 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         drv.POISON = True
         try:
             got = C.fwd_bwd(op, x, ref["do"].to(dev), ref["dht"].to(dev))
+            _synchronize("accuracy run")
         finally:
             drv.POISON = False
         row["err"] = C.errors(got, ref["ref"])
@@ -115,17 +117,37 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         fwd_args = (x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], 1.0, x["h0"], None)
         o, ht, saved = drv.chunk_dplr_fwd(ks, info, *fwd_args)
         do, dht = C.grad_outputs(x, 7)
-        dh, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, do, dht)
+        prep_args = (ks, info, x["r"], x["k"], x["a"], x["b"], x["w"], None, saved["n_slots"])
+        w, m, y, p = drv.chunk_prep(*prep_args, for_bwd=True)
+        dh, dr, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, y, p, do, dht)
+        h, u = saved["states"]
         fns = {
+            "prep": lambda: drv.chunk_prep(*prep_args),
             "fwd": lambda: drv.chunk_dplr_fwd(ks, info, *fwd_args),
-            "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, do, dht),
-            "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, do, dh),
+            "states": lambda: drv.chunk_states(ks, info, saved, w, m),
+            "prep_bwd": lambda: drv.chunk_prep(*prep_args, for_bwd=True),
+            "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, y, p, do, dht),
+            "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, h, u, do, dh, dr),
         }
+        for st, f in fns.items():  # once each, synchronised: a fault names its stage
+            f()
+            _synchronize(f"stage {st}")
         row["shape"] = [B, T, H, D]
         row["ms"] = {st: C.bench_ms(f, dev, warmup=10, rep=50) for st, f in fns.items()}
         return row
 
     return C.worker_loop(jobs, run, cfg["device"])
+
+
+def _synchronize(what: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():  # the CPU dry run: nothing is asynchronous
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # an asynchronous fault: say which launches it came from
+        raise RuntimeError(f"{what}: {type(e).__name__}: {e}") from e
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import torch
 
+PREP = "chunk_dplr_prep_kernel"
 FWD = "chunk_dplr_fwd_kernel"
+FWD_H = "chunk_dplr_fwd_h_kernel"
+PREP_BWD = "chunk_dplr_prep_bwd_kernel"
 BWD_DH = "chunk_dplr_bwd_dh_kernel"
 BWD = "chunk_dplr_bwd_kernel"
 
@@ -30,6 +33,11 @@ def _empty(shape, dtype, device) -> torch.Tensor:
     if POISON:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def boundary_dtype(q: torch.Tensor) -> torch.dtype:
+    """dtype of the chunk-boundary states h and dh: bf16 for bf16 variants, else fp32 (see the template)."""
+    return torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
 
 
 def _layout(v, q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[int, int]:
@@ -59,27 +67,38 @@ def chunk_map_from_cu_seqlens(cu_seqlens: torch.Tensor, C: int, n_slots: int) ->
     return torch.stack([n, i_t], 1).to(torch.int32).contiguous()
 
 
-def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens):
-    """Returns (o, final_state [N, H, K, V] fp32, saved).
+def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False) -> tuple[torch.Tensor, ...]:
+    """The chunk-parallel, state-independent work, per chunk slot (input dtype): W [C, K] and M [C, C], then
+    A_qk and A_qb [C, C] for the forward, or (``for_bwd``) Y [C, K] and P [C, C] for the reverse pass."""
+    _, T, H, K = q.shape
+    C = v.chunk_size
+    ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
+    w, m, x1, x2 = (_empty(shape, q.dtype, q.device) for shape in (ck, cc, ck if for_bwd else cc, cc))
+    args = [q, k, a, b, gk, w, m, x1, x2]
+    if cu_seqlens is not None:
+        args += [cu_seqlens, chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)]
+    args += [T, H]
+    getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](*args)
+    return w, m, x1, x2
 
-    Saved for the backward: the inputs and the fp32 state entering every chunk (``h``, [slots, H, K, V]);
-    the A matrices, (I - A_ab)^-1 and U are recomputed in the backward (cheaper than storing C x C and C x V
-    tiles per chunk, and the backward kernels need them at other precisions/orientations anyway).
-    """
+
+def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens):
+    """Returns (o, final_state [N, H, K, V] fp32, saved): the chunk-parallel prep (A matrices,
+    (I - A_ab)^-1 and its products), then the sequential state pass, which also writes O and the state
+    entering every chunk (``h``, [slots, H, K, V]) and U (as v), both in ``saved`` for the backward."""
     B, T, H, K = q.shape
     V = v_.shape[-1]
     N, n_slots = _layout(v, q, cu_seqlens)
     dev = q.device
     o = _empty((B, T, H, V), v_.dtype, dev)
     ht = _empty((N, H, K, V), torch.float32, dev)
-    h = _empty((n_slots, H, K, V), torch.float32, dev)
-    BV = ks.constexprs(FWD)["BV"]
-    args = [q, k, v_, a, b, gk, o, initial_state, h, ht]
-    if cu_seqlens is not None:
-        args.append(cu_seqlens)
-    args += [float(scale), T, H]
-    getattr(ks, FWD)[(N * H, _cdiv(V, BV))](*args)
-    return o, ht, saved_for_backward(v, q, k, v_, a, b, gk, h, scale, cu_seqlens)
+    h = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
+    u = _empty(v_.shape, v_.dtype, dev)
+    w, m, aqk, aqb = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots)
+    cu = [cu_seqlens] if cu_seqlens is not None else []
+    getattr(ks, FWD)[(N * H, _cdiv(V, ks.constexprs(FWD)["BV"]))](
+        q, k, v_, b, gk, w, m, aqk, aqb, o, initial_state, h, ht, u, *cu, float(scale), T, H)
+    return o, ht, saved_for_backward(v, q, k, v_, a, b, gk, initial_state, (h, u), scale, cu_seqlens)
 
 
 def states_shape(v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) -> tuple[int, int, int, int]:
@@ -87,19 +106,35 @@ def states_shape(v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) ->
     return (_layout(v, q, cu_seqlens)[1], q.shape[2], q.shape[3], V)
 
 
-def saved_for_backward(v, q, k, v_, a, b, gk, h, scale: float, cu_seqlens) -> dict:
-    """What the backward kernels need: the inputs and the fp32 chunk-start states (from the forward, kept or
-    recomputed)."""
+def saved_for_backward(v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens) -> dict:
+    """What the backward needs: the inputs, the initial state and ``states`` = (the chunk-start states
+    ``h``, U) from the forward, or None: the backward then recomputes them (no O)."""
     N, n_slots = _layout(v, q, cu_seqlens)
     return {
-        "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h": h,
+        "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h0": initial_state, "states": states,
         "scale": float(scale), "cu_seqlens": cu_seqlens, "N": N, "n_slots": n_slots,
     }
 
 
-def chunk_dplr_bwd_dh(ks, v, saved, do: torch.Tensor, dht: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reverse pass: dS at the end of every chunk (``dh`` [slots, H, K, V]) and d(initial state) (fp32)."""
-    q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
+def chunk_states(ks, v, saved, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk-start states ``h`` [slots, H, K, V] and U again, from the prep's W and M (no O)."""
+    k, v_, b, gk, h0, cu_seqlens = (saved[n] for n in ("k", "v", "b", "gk", "h0", "cu_seqlens"))
+    _, T, H, K = k.shape
+    V = v_.shape[-1]
+    h = _empty((saved["n_slots"], H, K, V), boundary_dtype(k), k.device)
+    ht = _empty((saved["N"], H, K, V), torch.float32, k.device)
+    u = _empty(v_.shape, v_.dtype, k.device)
+    cu = [cu_seqlens] if cu_seqlens is not None else []
+    getattr(ks, FWD_H)[(saved["N"] * H, _cdiv(V, ks.constexprs(FWD_H)["BV"]))](
+        k, v_, b, gk, w, m, h0, h, ht, u, *cu, T, H)
+    return h, u
+
+
+def chunk_dplr_bwd_dh(ks, v, saved, y: torch.Tensor, p: torch.Tensor, do: torch.Tensor,
+                      dht: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reverse pass (with the prep's Y and P): dS at the end of every chunk (``dh`` [slots, H, K, V]),
+    dR (as v) and d(initial state) (fp32)."""
+    q, a, gk = (saved[n] for n in ("q", "a", "gk"))
     scale, cu_seqlens, N, n_slots = saved["scale"], saved["cu_seqlens"], saved["N"], saved["n_slots"]
     _, T, H, K = q.shape
     V = saved["v"].shape[-1]
@@ -107,20 +142,19 @@ def chunk_dplr_bwd_dh(ks, v, saved, do: torch.Tensor, dht: torch.Tensor | None) 
     if dht is None:
         dht = torch.zeros((N, H, K, V), dtype=torch.float32, device=dev)
     dht = dht.to(torch.float32).contiguous()
-    dh = _empty((n_slots, H, K, V), torch.float32, dev)
+    dh = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
     dh0 = _empty((N, H, K, V), torch.float32, dev)
-    BV = ks.constexprs(BWD_DH)["BV"]
-    args = [q, k, a, b, gk, do, dht, dh, dh0]
-    if cu_seqlens is not None:
-        args.append(cu_seqlens)
-    args += [scale, T, H]
-    getattr(ks, BWD_DH)[(N * H, _cdiv(V, BV))](*args)
-    return dh, dh0
+    dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
+    cu = [cu_seqlens] if cu_seqlens is not None else []
+    getattr(ks, BWD_DH)[(N * H, _cdiv(V, ks.constexprs(BWD_DH)["BV"]))](
+        q, a, gk, y, p, do, dht, dh, dh0, dr, *cu, scale, T, H)
+    return dh, dr, dh0
 
 
-def chunk_dplr_bwd_tokens(ks, v, saved, do: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The chunk-parallel pass: (dq, dk, dv, da, db, dgk) from the saved chunk-start states and ``dh``."""
-    q, k, v_, a, b, gk, h = (saved[n] for n in ("q", "k", "v", "a", "b", "gk", "h"))
+def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: torch.Tensor, dh: torch.Tensor,
+                          dr: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The chunk-parallel pass: (dq, dk, dv, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR."""
+    q, k, v_, a, b, gk = (saved[n] for n in ("q", "k", "v", "a", "b", "gk"))
     scale, cu_seqlens, n_slots = saved["scale"], saved["cu_seqlens"], saved["n_slots"]
     _, T, H, _ = q.shape
     dev = q.device
@@ -130,7 +164,7 @@ def chunk_dplr_bwd_tokens(ks, v, saved, do: torch.Tensor, dh: torch.Tensor) -> t
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(b.shape, b.dtype, dev)
     dg = _empty(gk.shape, gk.dtype, dev)
-    args = [q, k, v_, a, b, gk, h, dh, do, dq, dk, dv, da, db, dg]
+    args = [q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, dv, da, db, dg]
     if cu_seqlens is not None:
         args += [cu_seqlens, chunk_map_from_cu_seqlens(cu_seqlens, v.chunk_size, n_slots)]
     args += [scale, T, H]
@@ -139,7 +173,13 @@ def chunk_dplr_bwd_tokens(ks, v, saved, do: torch.Tensor, dh: torch.Tensor) -> t
 
 
 def chunk_dplr_bwd(ks, v, saved, do, dht):
-    """Returns (dq, dk, dv, da, db, dgk, dh0): gradients in the input dtypes, dgk in the gate dtype, dh0 fp32."""
+    """Returns (dq, dk, dv, da, db, dgk, dh0): gradients in the input dtypes, dgk in the gate dtype, dh0 fp32.
+    Launches: the backward prep; the states pass if ``saved`` has no states; the reverse pass; the token pass."""
     do = do.contiguous()
-    dh, dh0 = chunk_dplr_bwd_dh(ks, v, saved, do, dht)
-    return (*chunk_dplr_bwd_tokens(ks, v, saved, do, dh), dh0)
+    q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
+    w, m, y, p = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True)
+    h, u = saved["states"] if saved["states"] is not None else chunk_states(ks, v, saved, w, m)
+    del w, m
+    dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, y, p, do, dht)
+    del y, p
+    return (*chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr), dh0)

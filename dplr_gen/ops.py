@@ -2,8 +2,8 @@
 
 Each call validates its arguments (errors name the argument), picks a built variant of the package, and runs
 torch.library custom ops (opaque to torch.compile, with fake implementations, so fullgraph works) whose
-autograd formula is the generated backward. The backward recomputes the forward's chunk states instead of
-keeping them alive between the passes.
+autograd formula is the generated backward. The backward recomputes the forward's chunk states (and U)
+instead of keeping them alive between the passes, unless ``disable_recompute=True``.
 """
 
 from __future__ import annotations
@@ -179,28 +179,27 @@ def _chunk_fwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
     keep_states: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, final state, chunk-start states h if ``keep_states`` else an empty tensor)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, final state, then the chunk-start states h and U if ``keep_states``, else two empty tensors)."""
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
     o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
-    return o, ht, (saved["h"] if keep_states else h0.new_empty(0))
+    h, u = saved["states"] if keep_states else (h0.new_empty(0), v.new_empty(0))
+    return o, ht, h, u
 
 
 def _chunk_bwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
-    do: torch.Tensor, dht: Optional[torch.Tensor], h: Optional[torch.Tensor],
+    do: torch.Tensor, dht: Optional[torch.Tensor], h: Optional[torch.Tensor], u: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of (q, k, v, a, b, gk, h0); the chunk-start states ``h`` are recomputed unless given."""
+    """Gradients of (q, k, v, a, b, gk, h0); the chunk-start states ``h`` and U are recomputed unless given."""
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
-    if h is not None and h.numel() > 0:
-        saved = chunk_driver.saved_for_backward(var, q, k, v, a, b, gk, h, scale, cu_seqlens)
-    else:
-        _, _, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+    kept = (h, u) if h is not None and h.numel() > 0 and u is not None else None
+    saved = chunk_driver.saved_for_backward(var, q, k, v, a, b, gk, h0, kept, scale, cu_seqlens)
     return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
 
 
@@ -246,11 +245,13 @@ def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, keep_states):  # t
 
     var = package_at(pkg).variants[variant]
     shape = chunk_driver.states_shape(var, q, v.shape[-1], cu_seqlens) if keep_states else (0,)
-    return v.new_empty(v.shape), h0.new_empty(h0.shape), h0.new_empty(shape)
+    u = v.new_empty(v.shape if keep_states else (0,))
+    h = h0.new_empty(shape, dtype=chunk_driver.boundary_dtype(q))
+    return v.new_empty(v.shape), h0.new_empty(h0.shape), h, u
 
 
 @_chunk_bwd.register_fake
-def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, h):  # type: ignore[no-untyped-def]
+def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, h, u):  # type: ignore[no-untyped-def]
     return tuple(t.new_empty(t.shape) for t in (q, k, v, a, b, gk, h0))
 
 
@@ -260,18 +261,19 @@ _fused_fwd.register_fake(_fused_fwd_fake)
 def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale = inputs[:11]
     ctx.meta = (pkg, variant, scale)
-    # the chunk op's third output: the chunk-start states when the forward kept them (else empty)
-    states = output[2] if len(output) > 2 else None
-    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens, states)
+    # the chunk op's third and fourth outputs: the chunk-start states and U when the forward kept them
+    # (else empty)
+    h, u = (output[2], output[3]) if len(output) > 2 else (None, None)
+    ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens, h, u)
 
 
 def _grads(ctx: Any, op: str, do: torch.Tensor, dht: Optional[torch.Tensor], bwd: Any) -> tuple[Any, ...]:
     pkg, variant, scale = ctx.meta
-    q, k, v, a, b, gk, h0, cu_seqlens, states = ctx.saved_tensors
-    return bwd(pkg, _backward_variant(op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, states)
+    q, k, v, a, b, gk, h0, cu_seqlens, h, u = ctx.saved_tensors
+    return bwd(pkg, _backward_variant(op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, h, u)
 
 
-def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor], _dh: Any) -> tuple[Any, ...]:
+def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor], _dh: Any, _du: Any) -> tuple[Any, ...]:
     return (None, None, *_grads(ctx, "chunk", do, dht, _chunk_bwd), None, None, None)
 
 
@@ -332,7 +334,7 @@ def _run(
     if not torch.compiler.is_compiling():
         o, ht = _EagerOp.apply(op, keep, pkg, variant, *args, cu, info["scale"])
     elif op == "chunk":
-        o, ht, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep)
+        o, ht, _, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep)
     else:
         o, ht = _fused_fwd(pkg, variant, *args, cu, info["scale"])
     return o, (ht if output_final_state else None)
@@ -347,7 +349,7 @@ def chunk_dplr_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked DPLR delta rule. ``lower_bound`` promises gk >= lower_bound and selects a faster variant built
     for a bound at or below it; ``chunk_size`` prefers a variant of that chunk (results differ only by
-    rounding); ``disable_recompute=True`` keeps the fp32 chunk-start states of the forward for the backward
+    rounding); ``disable_recompute=True`` keeps the chunk-start states and U of the forward for the backward
     instead of recomputing them ([T/C, H, K, V] per sequence: faster backward, more memory; same result);
     ``safe_gate`` is accepted for fla compatibility and changes nothing."""
     if unexpected:

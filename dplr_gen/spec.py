@@ -20,7 +20,7 @@ HeadDim = Annotated[int, Field(ge=16, le=256)]
 # Stages (one kernel each) that tuning may name, per op; templates read knobs by these names.
 STAGES: dict[str, tuple[str, ...]] = {
     "fused_recurrent": ("fwd",),
-    "chunk": ("fwd", "bwd_dh", "bwd"),
+    "chunk": ("prep", "fwd", "bwd_dh", "bwd"),
 }
 
 

@@ -19,6 +19,7 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
           sequence wholly past element 2**31), its outputs vs float64 on that sequence alone; decode: fused
           recurrent, T=1, B=2048, H=64 (N*H > 65535) vs a vectorised float64 step. Bounds 5e-3.
   compile torch.compile(fullgraph=True) of chunk_rwkv7 fwd+bwd equals eager (relative error <= 1e-5).
+--fla-max-configs N: fla's autotuners keep N of their configs each (recorded in the results' fla info).
 Writes $OUT/gpu_check.json after every worker. --dry-run: CPU interpreter, tiny fp32 stand-ins.
 """
 
@@ -386,6 +387,9 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fla-max-configs", type=int, default=0,
+                    help="fla-core's autotuners keep this many of their configs (0: all); its D=128 autotuning "
+                         "alone outlasts a 10-minute GPU call")
     ap.add_argument("--only", help="comma list of job prefixes: table, prec, report, scale, compile, build, table:D64, ...")
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for everything (default 560)")
     ap.add_argument("--deadline", type=float, help="absolute time.time() to finish by (overrides --budget)")
@@ -419,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "report_raw": "fwd+bwd runs to completion; finiteness recorded, not judged"},
                    "cases": {k: vars(v) for k, v in (DRY_CASES if dry else CASES).items()}, "results": results}
     report.save()
-    env = C.worker_env(device, allow_jit=args.allow_jit)
+    extra = {C.FLA_MAX_CONFIGS_ENV: str(args.fla_max_configs)} if args.fla_max_configs else None
+    env = C.worker_env(device, extra, allow_jit=args.allow_jit)
     for group in groups:
         jobs = [j for j in group if j not in results]
         if jobs:

@@ -218,19 +218,22 @@ def test_render_contract(dtype, varlen, gate_bound, chunk_size):
         compile(src, "rendered", "exec")
     mod = load(v, tune, FLAGS_HOPPER).m
     assert set(mod.SIGNATURES) == set(mod.CONSTEXPRS) == set(mod.LAUNCH) == {
-        chunk_driver.FWD, chunk_driver.BWD_DH, chunk_driver.BWD}
+        chunk_driver.PREP, chunk_driver.FWD, chunk_driver.FWD_H, chunk_driver.PREP_BWD, chunk_driver.BWD_DH,
+        chunk_driver.BWD}
     io = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     for name, sig in mod.SIGNATURES.items():
         params = _kernel_params(mod, name)
         cs = mod.CONSTEXPRS[name]
         assert params == list(sig) + list(cs), name  # runtime args in order, then the constexprs
-        assert sig["q"] == io and sig["gk"] == io and sig["scale"] == "fp32" and sig["T"] == "i32"
+        assert sig["a" if "a" in sig else "k"] == io and sig["gk"] == io and sig["T"] == "i32"
         assert ("cu_seqlens" in sig) == varlen
-        assert cs["K"] == 100 and cs["V"] == 60 and cs["BC"] == chunk_size and cs["BK"] == 128
+        assert cs["K"] == 100 and cs["BC"] == chunk_size and cs["BK"] == 128
+        assert cs.get("V", 60) == 60
         assert all(isinstance(x, (int, float, bool, str)) for x in cs.values())
     # the block_v knob is honoured, except that chunk 64 keeps V tiles >= 64 (sm_90 miscompiles narrower ones)
     assert mod.CONSTEXPRS[chunk_driver.FWD]["BV"] == (32 if chunk_size < 64 else 64)
-    assert mod.LAUNCH[chunk_driver.FWD] == {"num_warps": 4, "num_stages": 2}
+    assert mod.LAUNCH[chunk_driver.FWD] == mod.LAUNCH[chunk_driver.FWD_H] == {"num_warps": 4, "num_stages": 2}
+    assert mod.LAUNCH[chunk_driver.PREP] == {"num_warps": 4, "num_stages": 2}  # no "prep" knobs: the fwd ones
     assert mod.LAUNCH[chunk_driver.BWD_DH] == {"num_warps": 2, "num_stages": 1}
     factored = gate_bound is not None and chunk_size * -gate_bound / 2 <= 30
     assert ("factored exponents" in src) == factored
