@@ -141,6 +141,22 @@ def _slot_chunk(slot, T, BC: tl.constexpr):
 
 
 @triton.jit
+def _sequence(i_n, T, BC: tl.constexpr):
+    """(first token, length, first chunk slot) of sequence i_n: it owns slots n * NT .. n * NT + NT - 1."""
+    return i_n.to(tl.int64) * T, T, i_n.to(tl.int64) * tl.cdiv(T, BC)
+
+
+@triton.jit
+def _load_qkab(q, k, a, b, p, m):
+    """The q, k, a, b tiles [C, BK] of one chunk, in fp32."""
+    b_q = tl.load(q + p, mask=m, other=0.).to(tl.float32)
+    b_k = tl.load(k + p, mask=m, other=0.).to(tl.float32)
+    b_a = tl.load(a + p, mask=m, other=0.).to(tl.float32)
+    b_b = tl.load(b + p, mask=m, other=0.).to(tl.float32)
+    return b_q, b_k, b_a, b_b
+
+
+@triton.jit
 def _prep(
     q, k, a, b, gk, w, m, x1, x2,
     T, H,
@@ -160,10 +176,7 @@ def _prep(
     m_k = o_k < K
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
-    b_q = tl.load(q + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_k = tl.load(k + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_a = tl.load(a + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_b = tl.load(b + p_x, mask=m_x, other=0.).to(tl.float32)
+    b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
     g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, 0)
     Aqk, Aqb, Aak, Aab = _chunk_A(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
     Tm = _inv_unit_triangular(Aab, BC)
@@ -219,10 +232,7 @@ def _state_pass(
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
-    bos = i_n.to(tl.int64) * T
-    eos = bos + T
-    slot0 = i_n.to(tl.int64) * tl.cdiv(T, BC)
-    L = (eos - bos).to(tl.int32)
+    bos, L, slot0 = _sequence(i_n, T, BC)
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -294,10 +304,7 @@ def chunk_dplr_bwd_dh_kernel(
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
-    bos = i_n.to(tl.int64) * T
-    eos = bos + T
-    slot0 = i_n.to(tl.int64) * tl.cdiv(T, BC)
-    L = (eos - bos).to(tl.int32)
+    bos, L, slot0 = _sequence(i_n, T, BC)
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -350,10 +357,7 @@ def chunk_dplr_bwd_kernel(
     m_k = o_k < K
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
-    b_q = tl.load(q + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_k = tl.load(k + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_a = tl.load(a + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_b = tl.load(b + p_x, mask=m_x, other=0.).to(tl.float32)
+    b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
     g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, 0)
     ed = tl.exp(gend)
     Qw = (b_q * tl.exp(gam)).to(tl.float32)

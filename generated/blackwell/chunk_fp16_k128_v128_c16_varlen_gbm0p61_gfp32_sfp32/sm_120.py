@@ -145,10 +145,28 @@ def _slot_chunk(slot, cu_seqlens, chunk_map, T, BC: tl.constexpr):
 
 
 @triton.jit
+def _sequence(i_n, cu_seqlens, T, BC: tl.constexpr):
+    """(first token, length, first chunk slot) of sequence i_n: the chunk starting at token s of sequence n
+    owns slot s // BC + n, which is unique."""
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    return bos, (eos - bos).to(tl.int32), bos // BC + i_n
+
+
+@triton.jit
+def _load_qkab(q, k, a, b, p, m):
+    """The q, k, a, b tiles [C, BK] of one chunk, in fp32."""
+    b_q = tl.load(q + p, mask=m, other=0.).to(tl.float32)
+    b_k = tl.load(k + p, mask=m, other=0.).to(tl.float32)
+    b_a = tl.load(a + p, mask=m, other=0.).to(tl.float32)
+    b_b = tl.load(b + p, mask=m, other=0.).to(tl.float32)
+    return b_q, b_k, b_a, b_b
+
+
+@triton.jit
 def _prep(
     q, k, a, b, gk, w, m, x1, x2,
-    cu_seqlens, chunk_map,
-    T, H,
+    cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr,
 ):
     """The state-independent work of one chunk (program: chunk slot * H + head), written per slot:
@@ -165,10 +183,7 @@ def _prep(
     m_k = o_k < K
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
-    b_q = tl.load(q + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_k = tl.load(k + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_a = tl.load(a + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_b = tl.load(b + p_x, mask=m_x, other=0.).to(tl.float32)
+    b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
     g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, 0)
     Aqk, Aqb, Aak, Aab = _chunk_A(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
     Tm = _inv_unit_triangular(Aab, BC)
@@ -195,8 +210,7 @@ def _prep(
 @triton.jit
 def chunk_dplr_prep_kernel(
     q, k, a, b, gk, w, m, aqk, aqb,
-    cu_seqlens, chunk_map,
-    T, H,
+    cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     _prep(q, k, a, b, gk, w, m, aqk, aqb, cu_seqlens, chunk_map, T, H, K, BC, BK, False)
@@ -205,8 +219,7 @@ def chunk_dplr_prep_kernel(
 @triton.jit
 def chunk_dplr_prep_bwd_kernel(
     q, k, a, b, gk, w, m, y, p,
-    cu_seqlens, chunk_map,
-    T, H,
+    cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     _prep(q, k, a, b, gk, w, m, y, p, cu_seqlens, chunk_map, T, H, K, BC, BK, True)
@@ -215,8 +228,7 @@ def chunk_dplr_prep_bwd_kernel(
 @triton.jit
 def _state_pass(
     q, k, v, b, gk, w, m, aqk, aqb, o, h0, h, ht, u,
-    cu_seqlens,
-    scale, T, H,
+    cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     WITH_O: tl.constexpr,
 ):
@@ -227,10 +239,7 @@ def _state_pass(
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot0 = bos // BC + i_n  # chunk slots: (token of the chunk start) // BC + sequence index, unique
-    L = (eos - bos).to(tl.int32)
+    bos, L, slot0 = _sequence(i_n, cu_seqlens, T, BC)
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -274,8 +283,7 @@ def _state_pass(
 @triton.jit
 def chunk_dplr_fwd_kernel(
     q, k, v, b, gk, w, m, aqk, aqb, o, h0, h, ht, u,
-    cu_seqlens,
-    scale, T, H,
+    cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     _state_pass(q, k, v, b, gk, w, m, aqk, aqb, o, h0, h, ht, u, cu_seqlens, scale, T, H,
@@ -285,8 +293,7 @@ def chunk_dplr_fwd_kernel(
 @triton.jit
 def chunk_dplr_fwd_h_kernel(
     k, v, b, gk, w, m, h0, h, ht, u,
-    cu_seqlens,
-    T, H,
+    cu_seqlens, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # q, A_qk, A_qb, o and scale are not read without O: k, w, m, ... stand in for them
@@ -297,18 +304,14 @@ def chunk_dplr_fwd_h_kernel(
 @triton.jit
 def chunk_dplr_bwd_dh_kernel(
     q, a, gk, y, p, do, dht, dh, dh0, dr,
-    cu_seqlens,
-    scale, T, H,
+    cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    slot0 = bos // BC + i_n
-    L = (eos - bos).to(tl.int32)
+    bos, L, slot0 = _sequence(i_n, cu_seqlens, T, BC)
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -348,8 +351,7 @@ def chunk_dplr_bwd_dh_kernel(
 @triton.jit
 def chunk_dplr_bwd_kernel(
     q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, dv, da, db, dg,
-    cu_seqlens, chunk_map,
-    scale, T, H,
+    cu_seqlens, chunk_map, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_sh = tl.program_id(0)  # chunk slot * H + head
@@ -362,10 +364,7 @@ def chunk_dplr_bwd_kernel(
     m_k = o_k < K
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
-    b_q = tl.load(q + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_k = tl.load(k + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_a = tl.load(a + p_x, mask=m_x, other=0.).to(tl.float32)
-    b_b = tl.load(b + p_x, mask=m_x, other=0.).to(tl.float32)
+    b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
     g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, 0)
     ed = tl.exp(gend)
     Qw = (b_q * tl.exp(gam)).to(tl.float16)
