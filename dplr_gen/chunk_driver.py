@@ -67,18 +67,29 @@ def chunk_map_from_cu_seqlens(cu_seqlens: torch.Tensor, C: int, n_slots: int) ->
     return torch.stack([n, i_t], 1).to(torch.int32).contiguous()
 
 
-def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False) -> tuple[torch.Tensor, ...]:
+def _cu(cu_seqlens: torch.Tensor | None) -> list[torch.Tensor]:
+    """The varlen kernel argument of the state passes: [cu_seqlens], or nothing for dense inputs."""
+    return [] if cu_seqlens is None else [cu_seqlens]
+
+
+def _cu_map(cu_seqlens: torch.Tensor | None, chunk_map: torch.Tensor | None, C: int, n_slots: int) -> list[torch.Tensor]:
+    """The varlen kernel arguments of the chunk-parallel kernels: [cu_seqlens, chunk_map] (built here unless
+    given), or nothing for dense inputs."""
+    if cu_seqlens is None:
+        return []
+    return [cu_seqlens, chunk_map if chunk_map is not None else chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)]
+
+
+def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False,
+               chunk_map: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """The chunk-parallel, state-independent work, per chunk slot (input dtype): W [C, K] and M [C, C], then
     A_qk and A_qb [C, C] for the forward, or (``for_bwd``) Y [C, K] and P [C, C] for the reverse pass."""
     _, T, H, K = q.shape
     C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
     w, m, x1, x2 = (_empty(shape, q.dtype, q.device) for shape in (ck, cc, ck if for_bwd else cc, cc))
-    args = [q, k, a, b, gk, w, m, x1, x2]
-    if cu_seqlens is not None:
-        args += [cu_seqlens, chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)]
-    args += [T, H]
-    getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](*args)
+    getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
+        q, k, a, b, gk, w, m, x1, x2, *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
     return w, m, x1, x2
 
 
@@ -94,11 +105,11 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     ht = _empty((N, H, K, V), torch.float32, dev)
     h = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
     u = _empty(v_.shape, v_.dtype, dev)
-    w, m, aqk, aqb = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots)
-    cu = [cu_seqlens] if cu_seqlens is not None else []
+    saved = saved_for_backward(v, q, k, v_, a, b, gk, initial_state, (h, u), scale, cu_seqlens)
+    w, m, aqk, aqb = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
     getattr(ks, FWD)[(N * H, _cdiv(V, ks.constexprs(FWD)["BV"]))](
-        q, k, v_, b, gk, w, m, aqk, aqb, o, initial_state, h, ht, u, *cu, float(scale), T, H)
-    return o, ht, saved_for_backward(v, q, k, v_, a, b, gk, initial_state, (h, u), scale, cu_seqlens)
+        q, k, v_, b, gk, w, m, aqk, aqb, o, initial_state, h, ht, u, *_cu(cu_seqlens), float(scale), T, H)
+    return o, ht, saved
 
 
 def states_shape(v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) -> tuple[int, int, int, int]:
@@ -108,11 +119,13 @@ def states_shape(v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) ->
 
 def saved_for_backward(v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens) -> dict:
     """What the backward needs: the inputs, the initial state and ``states`` = (the chunk-start states
-    ``h``, U) from the forward, or None: the backward then recomputes them (no O)."""
+    ``h``, U) from the forward, or None: the backward then recomputes them (no O). Varlen: the slot map of
+    the chunk-parallel kernels, built once here."""
     N, n_slots = _layout(v, q, cu_seqlens)
+    chunk_map = None if cu_seqlens is None else chunk_map_from_cu_seqlens(cu_seqlens, v.chunk_size, n_slots)
     return {
         "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h0": initial_state, "states": states,
-        "scale": float(scale), "cu_seqlens": cu_seqlens, "N": N, "n_slots": n_slots,
+        "scale": float(scale), "cu_seqlens": cu_seqlens, "chunk_map": chunk_map, "N": N, "n_slots": n_slots,
     }
 
 
@@ -124,9 +137,8 @@ def chunk_states(ks, v, saved, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.
     h = _empty((saved["n_slots"], H, K, V), boundary_dtype(k), k.device)
     ht = _empty((saved["N"], H, K, V), torch.float32, k.device)
     u = _empty(v_.shape, v_.dtype, k.device)
-    cu = [cu_seqlens] if cu_seqlens is not None else []
     getattr(ks, FWD_H)[(saved["N"] * H, _cdiv(V, ks.constexprs(FWD_H)["BV"]))](
-        k, v_, b, gk, w, m, h0, h, ht, u, *cu, T, H)
+        k, v_, b, gk, w, m, h0, h, ht, u, *_cu(cu_seqlens), T, H)
     return h, u
 
 
@@ -145,9 +157,8 @@ def chunk_dplr_bwd_dh(ks, v, saved, y: torch.Tensor, p: torch.Tensor, do: torch.
     dh = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
     dh0 = _empty((N, H, K, V), torch.float32, dev)
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
-    cu = [cu_seqlens] if cu_seqlens is not None else []
     getattr(ks, BWD_DH)[(N * H, _cdiv(V, ks.constexprs(BWD_DH)["BV"]))](
-        q, a, gk, y, p, do, dht, dh, dh0, dr, *cu, scale, T, H)
+        q, a, gk, y, p, do, dht, dh, dh0, dr, *_cu(cu_seqlens), scale, T, H)
     return dh, dr, dh0
 
 
@@ -164,11 +175,9 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(b.shape, b.dtype, dev)
     dg = _empty(gk.shape, gk.dtype, dev)
-    args = [q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, dv, da, db, dg]
-    if cu_seqlens is not None:
-        args += [cu_seqlens, chunk_map_from_cu_seqlens(cu_seqlens, v.chunk_size, n_slots)]
-    args += [scale, T, H]
-    getattr(ks, BWD)[(n_slots * H,)](*args)
+    getattr(ks, BWD)[(n_slots * H,)](
+        q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, dv, da, db, dg,
+        *_cu_map(cu_seqlens, saved["chunk_map"], v.chunk_size, n_slots), scale, T, H)
     return dq, dk, dv, da, db, dg
 
 
@@ -177,7 +186,8 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     Launches: the backward prep; the states pass if ``saved`` has no states; the reverse pass; the token pass."""
     do = do.contiguous()
     q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
-    w, m, y, p = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True)
+    w, m, y, p = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
+                            chunk_map=saved["chunk_map"])
     h, u = saved["states"] if saved["states"] is not None else chunk_states(ks, v, saved, w, m)
     del w, m
     dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, y, p, do, dht)
