@@ -107,7 +107,7 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         drv.POISON = True
         try:
             got = C.fwd_bwd(op, x, ref["do"].to(dev), ref["dht"].to(dev))
-            _synchronize("accuracy run")
+            _synchronize("accuracy run", dev)
         finally:
             drv.POISON = False
         row["err"] = C.errors(got, ref["ref"])
@@ -131,7 +131,7 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         }
         for st, f in fns.items():  # once each, synchronised: a fault names its stage
             f()
-            _synchronize(f"stage {st}")
+            _synchronize(f"stage {st}", dev)
         row["shape"] = [B, T, H, D]
         row["ms"] = {st: C.bench_ms(f, dev, warmup=10, rep=50) for st, f in fns.items()}
         return row
@@ -139,14 +139,11 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
     return C.worker_loop(jobs, run, cfg["device"])
 
 
-def _synchronize(what: str) -> None:
-    import torch
-
-    if not torch.cuda.is_available():  # the CPU dry run: nothing is asynchronous
-        return
+def _synchronize(what: str, device: str) -> None:
+    """common.sync, with an asynchronous fault reported as coming from ``what``."""
     try:
-        torch.cuda.synchronize()
-    except Exception as e:  # an asynchronous fault: say which launches it came from
+        C.sync(device)
+    except Exception as e:  # noqa: BLE001 - re-raised with the stage named
         raise RuntimeError(f"{what}: {type(e).__name__}: {e}") from e
 
 
