@@ -50,7 +50,6 @@ variants:
     dtypes: [{dtype}]
     head_dims: {dims}
     chunk_sizes: {chunks}
-    state_chunk_sizes: [{state_chunk}]
     varlen: [false]
     gate_bounds: [{bound}]
 tuning:
@@ -118,7 +117,7 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         fwd_args = (x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], 1.0, x["h0"], None)
         o, ht, saved = drv.chunk_dplr_fwd(ks, info, *fwd_args)
         do, dht = C.grad_outputs(x, 7)
-        prep_args = (ks, info, x["r"], x["k"], x["a"], x["b"], x["w"], None, saved["n_slots_s"])
+        prep_args = (ks, info, x["r"], x["k"], x["a"], x["b"], x["w"], None, saved["n_slots"])
         w, m, y, p = drv.chunk_prep(*prep_args, for_bwd=True)
         dh, dr, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, y, p, do, dht)
         h, u = saved["states"]
@@ -190,8 +189,6 @@ def ranked(rows: list[dict[str, Any]], settings_of: dict[str, dict[str, dict[str
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", default="16,32")
-    ap.add_argument("--state-chunk", type=int, default=None,
-                    help="chunk of the state passes (a multiple of each --chunks value; default: the chunk)")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--warps", default="2,4,8")
     ap.add_argument("--num-stages", default="1,2")
@@ -231,13 +228,11 @@ def main() -> int:
         path = tmp / f"tune{i:02d}.yaml"
         path.write_text(SPEC.format(i=i, target=target, dtype={"bfloat16": "bf16", "float32": "fp32"}[dtype],
                                     dims=json.dumps(dims), chunks=json.dumps(chunks), bound=GATE_BOUND,
-                                    state_chunk=json.dumps(args.state_chunk),
                                     tuning=tuning))
         specs.append(path)
         settings_of[f"tune{i:02d}"] = st
     out = C.out_dir()
     result: dict[str, Any] = {"machine": C.machine_info(device), "date": C.stamp(), "target": target,
-                              "state_chunk": args.state_chunk,
                               "ignore_warp_caps": args.ignore_warp_caps, "settings": settings_of, "rows": [],
                               "build": {}}
     res_path = out / f"tune_{C.stamp()}.json"

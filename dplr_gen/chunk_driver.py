@@ -6,9 +6,7 @@ constexpr arguments and launch options of the variant. Nothing here synchronises
 
 Chunk slots (where the per-chunk states live): dense, sequence n owns slots n*NT .. n*NT+NT-1
 (NT = ceil(T / C)); varlen, the chunk starting at token s of sequence n owns slot s // C + n, which is unique
-and below T_total // C + N, so every buffer is sized without reading cu_seqlens on the host. Two chunk sizes
-index slots: the token pass's C (the boundary states h, dh) and the state passes' S = v.state_chunk (the
-preps' products), a multiple of C.
+and below T_total // C + N, so every buffer is sized without reading cu_seqlens on the host.
 """
 
 from __future__ import annotations
@@ -42,15 +40,10 @@ def boundary_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
 
 
-def state_chunk(v) -> int:
-    """Chunk of the state passes and their preps (the variant's chunk size unless it names a larger one)."""
-    return v.state_chunk or v.chunk_size
-
-
-def _layout(v, q: torch.Tensor, cu_seqlens: torch.Tensor | None, C: int | None = None) -> tuple[int, int]:
-    """(number of sequences N, number of chunk slots) for chunks of C tokens (default: the variant's)."""
+def _layout(v, q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[int, int]:
+    """(number of sequences N, number of chunk slots)."""
     B, T = q.shape[0], q.shape[1]
-    C = C or v.chunk_size
+    C = v.chunk_size
     if cu_seqlens is None:
         return B, B * _cdiv(T, C)
     N = cu_seqlens.numel() - 1
@@ -89,11 +82,10 @@ def _cu_map(cu_seqlens: torch.Tensor | None, chunk_map: torch.Tensor | None, C: 
 
 def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False,
                chunk_map: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """The chunk-parallel, state-independent work per state-chunk slot (S tokens; input dtype): W [S, K] and
-    M [S, S], then A_qk and A_qb [S, S] for the forward, or (``for_bwd``) Y [S, K] and P [S, S] for the
-    reverse pass. ``n_slots`` and ``chunk_map`` count state chunks."""
+    """The chunk-parallel, state-independent work, per chunk slot (input dtype): W [C, K] and M [C, C], then
+    A_qk and A_qb [C, C] for the forward, or (``for_bwd``) Y [C, K] and P [C, C] for the reverse pass."""
     _, T, H, K = q.shape
-    C = state_chunk(v)
+    C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
     w, m, x1, x2 = (_empty(shape, q.dtype, q.device) for shape in (ck, cc, ck if for_bwd else cc, cc))
     getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
@@ -114,7 +106,7 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     h = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
     u = _empty(v_.shape, v_.dtype, dev)
     saved = saved_for_backward(v, q, k, v_, a, b, gk, initial_state, (h, u), scale, cu_seqlens)
-    w, m, aqk, aqb = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, saved["n_slots_s"], chunk_map=saved["chunk_map_s"])
+    w, m, aqk, aqb = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
     getattr(ks, FWD)[(N * H, _cdiv(V, ks.constexprs(FWD)["BV"]))](
         q, k, v_, b, gk, w, m, aqk, aqb, o, initial_state, h, ht, u, *_cu(cu_seqlens), float(scale), T, H)
     return o, ht, saved
@@ -127,19 +119,13 @@ def states_shape(v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) ->
 
 def saved_for_backward(v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens) -> dict:
     """What the backward needs: the inputs, the initial state and ``states`` = (the chunk-start states
-    ``h``, U) from the forward, or None: the backward then recomputes them (no O). Varlen: the slot maps of
-    the chunk-parallel kernels (token chunks; state chunks: ``_s``), built once here."""
+    ``h``, U) from the forward, or None: the backward then recomputes them (no O). Varlen: the slot map of
+    the chunk-parallel kernels, built once here."""
     N, n_slots = _layout(v, q, cu_seqlens)
-    n_slots_s = _layout(v, q, cu_seqlens, state_chunk(v))[1]
-    chunk_map = chunk_map_s = None
-    if cu_seqlens is not None:
-        chunk_map = chunk_map_from_cu_seqlens(cu_seqlens, v.chunk_size, n_slots)
-        chunk_map_s = chunk_map if n_slots_s == n_slots else chunk_map_from_cu_seqlens(
-            cu_seqlens, state_chunk(v), n_slots_s)
+    chunk_map = None if cu_seqlens is None else chunk_map_from_cu_seqlens(cu_seqlens, v.chunk_size, n_slots)
     return {
         "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h0": initial_state, "states": states,
         "scale": float(scale), "cu_seqlens": cu_seqlens, "chunk_map": chunk_map, "N": N, "n_slots": n_slots,
-        "chunk_map_s": chunk_map_s, "n_slots_s": n_slots_s,
     }
 
 
@@ -200,8 +186,8 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     Launches: the backward prep; the states pass if ``saved`` has no states; the reverse pass; the token pass."""
     do = do.contiguous()
     q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
-    w, m, y, p = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots_s"], for_bwd=True,
-                            chunk_map=saved["chunk_map_s"])
+    w, m, y, p = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
+                            chunk_map=saved["chunk_map"])
     h, u = saved["states"] if saved["states"] is not None else chunk_states(ks, v, saved, w, m)
     del w, m
     dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, y, p, do, dht)

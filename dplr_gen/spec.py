@@ -27,8 +27,7 @@ STAGES: dict[str, tuple[str, ...]] = {
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
 # variant_tuning rules and the quirk registry's entries.
 VARIANT_KEYS = frozenset(
-    {"op", "dtype", "gate_dtype", "K", "V", "chunk_size", "varlen", "gate_bound", "state_dtype", "dot_precision",
-     "state_chunk"}
+    {"op", "dtype", "gate_dtype", "K", "V", "chunk_size", "varlen", "gate_bound", "state_dtype", "dot_precision"}
 )
 
 
@@ -92,9 +91,6 @@ class VariantAxes(_Strict):
     # an int means K = V; a pair is [K, V]
     head_dims: list[HeadDim | tuple[HeadDim, HeadDim]] = Field(min_length=1)
     chunk_sizes: list[ChunkSize] = Field(default_factory=lambda: [64], min_length=1)
-    # chunk of the sequential state passes (and their preps), a multiple of the chunk size: R times fewer
-    # dependent steps, each writing the R sub-chunk boundary states the token pass reads; null: the chunk size
-    state_chunk_sizes: list[ChunkSize | None] = Field(default_factory=lambda: [None], min_length=1)
     varlen: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
     # None: generic gate, safe for any gk <= 0 (gk = -inf included). A float L < 0: gk >= L is promised
     # (RWKV-7: -0.6065), which licenses factored exponents and tensor-core dots.

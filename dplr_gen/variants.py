@@ -28,16 +28,12 @@ class Variant:
     gate_bound: float | None  # None: generic gate
     state_dtype: str
     dot_precision: str | None  # only for fp32
-    # chunk of the state passes when larger than chunk_size (the token pass's), else None
-    state_chunk: int | None = None
 
     @property
     def name(self) -> str:
         parts = [self.op, self.dtype, f"k{self.K}", f"v{self.V}"]
         if self.chunk_size is not None:
             parts.append(f"c{self.chunk_size}")
-        if self.state_chunk is not None:
-            parts.append(f"s{self.state_chunk}")
         parts.append("varlen" if self.varlen else "dense")
         parts.append("gany" if self.gate_bound is None else f"gb{_fmt_bound(self.gate_bound)}")
         parts.append(f"g{self.gate_dtype}")
@@ -50,7 +46,7 @@ class Variant:
         return {
             "op": self.op, "dtype": self.dtype, "gate_dtype": self.gate_dtype, "K": self.K, "V": self.V,
             "chunk_size": self.chunk_size, "varlen": self.varlen, "gate_bound": self.gate_bound,
-            "state_dtype": self.state_dtype, "dot_precision": self.dot_precision, "state_chunk": self.state_chunk,
+            "state_dtype": self.state_dtype, "dot_precision": self.dot_precision,
         }
 
 
@@ -67,9 +63,9 @@ class Filtered:
 
 def _axes_product(axes: VariantAxes) -> list[Variant]:
     out: list[Variant] = []
-    for op, dtype, hd, cs, sc, vl, gb, dp in itertools.product(
-        axes.ops, axes.dtypes, axes.head_dims, axes.chunk_sizes, axes.state_chunk_sizes, axes.varlen,
-        axes.gate_bounds, axes.dot_precisions,
+    for op, dtype, hd, cs, vl, gb, dp in itertools.product(
+        axes.ops, axes.dtypes, axes.head_dims, axes.chunk_sizes, axes.varlen, axes.gate_bounds,
+        axes.dot_precisions,
     ):
         K, V = (hd, hd) if isinstance(hd, int) else hd
         out.append(
@@ -79,7 +75,6 @@ def _axes_product(axes: VariantAxes) -> list[Variant]:
                 chunk_size=cs if op == "chunk" else None,
                 varlen=vl, gate_bound=gb, state_dtype=axes.state_dtype,
                 dot_precision=dp if dtype == "fp32" else None,
-                state_chunk=sc if op == "chunk" and sc not in (None, cs) else None,
             )
         )
     return out
@@ -95,10 +90,6 @@ _RULES: list[tuple[Any, str]] = [
         # chunk 64 spills registers and takes over 25 minutes to compile in fp32 with ieee dots
         lambda v: v.op == "chunk" and v.dtype == "fp32" and v.dot_precision == "ieee" and v.chunk_size == 64,
         "fp32 with ieee dots at chunk 64 does not compile in reasonable time; use chunk 16/32 or tf32",
-    ),
-    (
-        lambda v: v.state_chunk is not None and v.state_chunk < (v.chunk_size or 0),
-        "the state chunk (of the sequential passes) must be a multiple of the chunk size, at least as large",
     ),
 ]
 

@@ -73,13 +73,12 @@ class DevKernelSet:
 
 
 def make_variant(dtype="fp32", K=32, V=None, chunk_size=16, varlen=False, gate_bound=-0.6065,
-                 gate_dtype=None, dot_precision="ieee", state_chunk=None):
+                 gate_dtype=None, dot_precision="ieee"):
     V = K if V is None else V
-    name = (f"chunk_{dtype}_k{K}_v{V}_c{chunk_size}" + (f"s{state_chunk}" if state_chunk else "")
-            + f"_{'varlen' if varlen else 'dense'}_gb{gate_bound}")
+    name = f"chunk_{dtype}_k{K}_v{V}_c{chunk_size}_{'varlen' if varlen else 'dense'}_gb{gate_bound}"
     return SimpleNamespace(name=name, op="chunk", dtype=dtype, gate_dtype=gate_dtype or dtype, K=K, V=V,
                            chunk_size=chunk_size, varlen=varlen, gate_bound=gate_bound, state_dtype="fp32",
-                           dot_precision=dot_precision if dtype == "fp32" else None, state_chunk=state_chunk)
+                           dot_precision=dot_precision if dtype == "fp32" else None)
 
 
 ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template's default tiles are the widest
@@ -240,25 +239,6 @@ def test_render_contract(dtype, varlen, gate_bound, chunk_size):
     assert ("factored exponents" in src) == factored
 
 
-@pytest.mark.parametrize("gate_bound", [-0.6065, -1.0, None])
-@pytest.mark.parametrize("varlen", [False, True])
-def test_render_state_chunk(gate_bound, varlen):
-    """State chunk 64 over 16-token chunks: the preps and state passes take chunks of 64 (BC) and write the
-    boundary states of 16-token sub-chunks (BT); the token pass stays at 16. The gate mode is the larger
-    chunk's: at bound -1, 64 * 1 / 2 > 30, so the exact path."""
-    v = make_variant("bf16", K=64, V=64, chunk_size=16, state_chunk=64, varlen=varlen, gate_bound=gate_bound)
-    tune = {s: knobs(block_v=32, num_warps=2, num_stages=2) for s in ("fwd", "bwd_dh", "bwd")}
-    src = render(v, tune, FLAGS_HOPPER)
-    mod = load(v, tune, FLAGS_HOPPER).m
-    cs = mod.CONSTEXPRS
-    assert cs[chunk_driver.PREP]["BC"] == cs[chunk_driver.PREP_BWD]["BC"] == 64
-    for name in (chunk_driver.FWD, chunk_driver.FWD_H, chunk_driver.BWD_DH):
-        assert (cs[name]["BC"], cs[name]["BT"], cs[name]["BV"]) == (64, 16, 32), name
-    assert cs[chunk_driver.BWD]["BC"] == 16 and "BT" not in cs[chunk_driver.BWD]
-    assert ("factored exponents" in src) == (gate_bound == -0.6065)
-    assert "state_chunk=64" in src
-
-
 @pytest.mark.parametrize("K,V,bv,bv_bwd_99kb", [(32, 128, 64, 16), (64, 64, 64, 16), (100, 60, 32, 16),
                                                 (128, 256, 32, 16), (192, 160, 16, 16), (256, 256, 16, 16),
                                                 (256, 20, 16, 16)])
@@ -330,24 +310,6 @@ def test_bounded_gate_below_bound_is_clamped(C, gate_bound):
     assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
     for name, gr, r in zip(leaves, grads, ref):
         assert rel_err(gr, r) <= 1e-5, name
-
-
-# state chunk S over token chunk C: (dtype, C, S, varlen, gate bound, flags); lengths straddle both chunks
-STATE_CHUNK_CASES = [
-    ("fp32", 16, 64, False, -0.6065, None),
-    ("fp16", 16, 64, True, -0.6065, None),
-    ("fp32", 16, 32, True, None, None),
-    ("fp32", 16, 64, False, None, FLAGS_BLACKWELL),
-    ("fp16", 16, 64, False, -0.6065, FLAGS_HOPPER),
-    ("fp32", 32, 64, False, -1.0, None),
-]
-
-
-@pytest.mark.parametrize("dtype,C,S,varlen,gate_bound,flags", STATE_CHUNK_CASES)
-def test_state_chunk(dtype, C, S, varlen, gate_bound, flags):
-    v = make_variant(dtype, K=32, V=16, chunk_size=C, state_chunk=S, varlen=varlen, gate_bound=gate_bound)
-    kw = {"lens": [1, 15, 16, 17, 63, 64, 65, 100]} if varlen else {"B": 2, "T": 150}
-    check(run_case(v, H=2, flags=flags, extreme=gate_bound is None, **kw), TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

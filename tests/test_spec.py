@@ -59,24 +59,6 @@ def test_names_spell_every_parameter(tmp_path: Path) -> None:
     assert v.name == "chunk_fp32_k60_v100_c64_dense_gbm0p6065_gfp32_sfp32_tf32"
 
 
-def test_state_chunk_axis(tmp_path: Path) -> None:
-    text = GOOD.replace("    chunk_sizes: [16, 64]\n", "    chunk_sizes: [16, 64]\n    state_chunk_sizes: [null, 64, 32]\n")
-    variants, filtered = expand(load_spec(write(tmp_path, text)))
-    names = {v.name for v in variants}
-    # null and a state chunk equal to the chunk are the same variant; a larger one is named
-    assert "chunk_bf16_k64_v64_c16_dense_gany_gfp32_sfp32" in names
-    assert "chunk_bf16_k64_v64_c16_s64_dense_gany_gfp32_sfp32" in names
-    assert "chunk_bf16_k64_v64_c64_s64_dense_gany_gfp32_sfp32" not in names
-    assert next(v for v in variants if v.name.endswith("c16_s32_dense_gany_gfp32_sfp32")).params()["state_chunk"] == 32
-    # smaller than the chunk: dropped, with the reason
-    reasons = {f.what: f.reason for f in filtered}
-    assert "multiple of the chunk size" in reasons["chunk_bf16_k64_v64_c64_s32_dense_gany_gfp32_sfp32"]
-    assert {v.state_chunk for v in variants if v.op == "fused_recurrent"} == {None}
-    bad = GOOD.replace("    chunk_sizes: [16, 64]\n", "    chunk_sizes: [16]\n    state_chunk_sizes: [128]\n")
-    with pytest.raises(SpecError, match="state_chunk_sizes"):
-        load_spec(write(tmp_path, bad))
-
-
 def test_units_per_target_carry_flags(tmp_path: Path) -> None:
     units, _ = build_units(load_spec(write(tmp_path, GOOD)), Version("3.6.0"))
     by_target = {u.target: u for u in units}
