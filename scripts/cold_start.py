@@ -2,11 +2,16 @@
 
     python scripts/cold_start.py [--package generated/hopper] [--shape 4x4096x32x64]
 
-Runs the same child three times in fresh processes with DPLR_GEN_NO_JIT=1: with an empty TRITON_CACHE_DIR
-(cold), again with that directory (Triton's launcher stubs now cached), and cold under `python -X importtime`.
-The child times each phase (import torch, CUDA init, import dplr_gen, package load, inputs, first forward,
-first backward) and the C launcher builds Triton does on the way (count and seconds). Writes
-$OUT/cold_start.json.
+Runs the same child in fresh processes with DPLR_GEN_NO_JIT=1. The child times each phase (import torch, CUDA
+init, import dplr_gen, package load, inputs, first forward, first backward) and the C launcher builds Triton
+does on the way (count and seconds); ``cold_start_s`` is the sum without building the inputs.
+Python's bytecode: the GPU machine's site-packages hold no .pyc files (read-only), so every process there
+compiles torch's sources again, unlike any installed machine. The runs therefore use a PYTHONPYCACHEPREFIX
+filled once by a warm-up child (not recorded), except ``cold_no_bytecode``, which shows the machine as it is.
+Runs: ``cold`` (empty TRITON_CACHE_DIR; backward as a training loop calls it, ``loss.backward()``),
+``cold_grad_tensors`` (the same, backward as ``torch.autograd.backward(outputs, grad_tensors)``: torch then
+imports sympy for its shape check), ``warm_triton_cache`` (Triton's launcher stubs cached), ``cold_no_bytecode``
+and ``cold_importtime`` (``python -X importtime``). Writes $OUT/cold_start.json.
 """
 
 from __future__ import annotations
@@ -55,21 +60,34 @@ o, ht = ops.chunk_dplr_delta_rule(**x, output_final_state=True, lower_bound=-0.6
 torch.cuda.synchronize()
 t["first_fwd"] = time.perf_counter()
 fwd_builds = builds[n_before:]
-torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)))
+do, dht = torch.randn_like(o), torch.randn_like(ht)
+if sys.argv[3] == "loss":
+    ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
+else:
+    torch.autograd.backward((o, ht), (do, dht))
 torch.cuda.synchronize()
 t["first_bwd"] = time.perf_counter()
 keys = list(t)
 phases = {k: t[k] - t[p] for p, k in zip(keys, keys[1:])}
 print("RESULT " + json.dumps({"phases_s": phases, "total_s": t["first_bwd"] - t["start"],
+                               "cold_start_s": t["first_bwd"] - t["start"] - phases["inputs"],
+                               "backward_form": sys.argv[3], "sympy_imported": "sympy" in sys.modules,
                                "launcher_builds": len(builds), "launcher_build_s": sum(builds),
                                "launcher_builds_in_fwd": len(fwd_builds)}))
 """
 
 
-def run_child(package: str, shape: str, cache_dir: str, importtime: bool = False) -> dict:
+def run_child(package: str, shape: str, cache_dir: str, pycache: str | None, backward: str = "loss",
+              importtime: bool = False) -> dict:
+    """One fresh child; ``pycache``: PYTHONPYCACHEPREFIX (None: no bytecode written or read from a prefix)."""
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, DPLR_GEN_NO_JIT="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable] + (["-X", "importtime"] if importtime else []) + ["-c", CHILD, package, shape]
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    if pycache is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env["PYTHONPYCACHEPREFIX"] = pycache
+    cmd = [sys.executable] + (["-X", "importtime"] if importtime else []) + ["-c", CHILD, package, shape, backward]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=300)
     wall = time.perf_counter() - t0
@@ -95,12 +113,18 @@ def main() -> int:
     ap.add_argument("--package", default=str(REPO / "generated" / "hopper"))
     ap.add_argument("--shape", default="4x4096x32x64")
     args = ap.parse_args()
-    cache = tempfile.mkdtemp(prefix="triton-cold-")
+    fresh = lambda: tempfile.mkdtemp(prefix="triton-cold-")  # noqa: E731
+    pyc = tempfile.mkdtemp(prefix="pycache-")
+    warmup = run_child(args.package, args.shape, fresh(), pyc)  # fills the bytecode prefix; not recorded
+    cache = fresh()
     res = {
         "shape": args.shape,
-        "cold": run_child(args.package, args.shape, cache),
-        "warm_triton_cache": run_child(args.package, args.shape, cache),
-        "cold_importtime": run_child(args.package, args.shape, tempfile.mkdtemp(prefix="triton-cold-"), True),
+        "bytecode_warmup_rc": warmup["rc"],
+        "cold": run_child(args.package, args.shape, cache, pyc),
+        "cold_grad_tensors": run_child(args.package, args.shape, fresh(), pyc, backward="tensors"),
+        "warm_triton_cache": run_child(args.package, args.shape, cache, pyc),
+        "cold_no_bytecode": run_child(args.package, args.shape, fresh(), None),
+        "cold_importtime": run_child(args.package, args.shape, fresh(), pyc, importtime=True),
     }
     print(json.dumps(res, indent=1))
     out = Path(os.environ.get("OUT") or ".")
