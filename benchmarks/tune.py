@@ -129,9 +129,11 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
             "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, y, p, do, dht),
             "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, h, u, do, dh, dr),
         }
+        fns_kernels = (drv.PREP, drv.FWD, drv.FWD_H, drv.PREP_BWD, drv.BWD_DH, drv.BWD)
         for st, f in fns.items():  # once each, synchronised: a fault names its stage
             f()
             _synchronize(f"stage {st}", dev)
+        row["resources"] = {k: ks.aot[k].resources() for k in fns_kernels if k in ks.aot}
         row["shape"] = [B, T, H, D]
         row["ms"] = {st: C.bench_ms(f, dev, warmup=10, rep=50) for st, f in fns.items()}
         return row
@@ -194,6 +196,7 @@ def main() -> int:
     ap.add_argument("--num-stages", default="1,2")
     ap.add_argument("--block-v", default="16,32,64")
     ap.add_argument("--ignore-warp-caps", action="store_true")
+    ap.add_argument("--time-shape", default=None, help="BxTxH for the timings (default: per head dim, see above)")
     ap.add_argument("--build-jobs", type=int, default=16, help="parallel compiles for the sweep's builds")
     ap.add_argument("--deadline", type=float, default=None, help="epoch seconds: jobs not done by then are recorded")
     ap.add_argument("--dry-run", action="store_true")
@@ -219,6 +222,11 @@ def main() -> int:
 
         major, minor = torch.cuda.get_device_capability()
         target = f"sm_{major * 10 + minor}"
+    time_shape = None
+    if args.time_shape:
+        time_shape = [int(x) for x in args.time_shape.lower().split("x") if x.isdigit()]
+        if len(time_shape) != 3 or min(time_shape) < 1:
+            ap.error(f"--time-shape {args.time_shape!r}: give BxTxH, e.g. 1x4096x2")
     grid = settings(ints(args.warps), ints(args.num_stages), ints(args.block_v))
     per_spec = spec_settings(grid)
     tmp = Path(tempfile.mkdtemp(prefix="dplr-tune-"))
@@ -255,7 +263,8 @@ def main() -> int:
     deadline = args.deadline or time.time() + 7 * 86400
     for i in range(len(specs)):
         cfg = {"package": str(tmp / "gen" / f"tune{i:02d}"), "refs": str(refs), "device": device, "dtype": dtype,
-               "ignore_warp_caps": args.ignore_warp_caps, "time_shape": DRY_TIME_SHAPE if dry else None}
+               "ignore_warp_caps": args.ignore_warp_caps,
+               "time_shape": DRY_TIME_SHAPE if dry else time_shape}
         jobs = [f"D{D}:C{c}" for D in dims for c in chunks]
         got = C.run_jobs(C.worker_cmd(SCRIPT, cfg), jobs, deadline, C.worker_env(device, allow_jit=True))
         for job, r in got.items():

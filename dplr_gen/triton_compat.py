@@ -439,6 +439,14 @@ class LoadedKernel:
     def metadata(self) -> Any:
         return self.compiled.metadata
 
+    def resources(self) -> dict[str, Any]:
+        """Registers per thread and spilled bytes of the loaded binary (loads it on the device); {} if unknown."""
+        try:
+            self.compiled._init_handles()
+        except Exception:  # noqa: BLE001 - informational only
+            return {}
+        return {k: getattr(self.compiled, k, None) for k in ("n_regs", "n_spills")}
+
     def __getitem__(self, grid: int | Sequence[int]) -> Callable[..., None]:
         g = (grid,) if isinstance(grid, int) else tuple(grid)
         g = (g + (1, 1, 1))[:3]  # CompiledKernel indexes grid[0..2]
