@@ -11,6 +11,8 @@ and below T_total // C + N, so every buffer is sized without reading cu_seqlens 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 PREP = "chunk_dplr_prep_kernel"
@@ -23,6 +25,8 @@ BWD = "chunk_dplr_bwd_kernel"
 # Tests set this to fill every output and scratch buffer with NaN before a launch, so that an element a
 # kernel fails to write shows up.
 POISON = False
+# Tests set this to force (True) or forbid (False) the state passes' small-grid kernels; None: by the device.
+SMALL_GRID: bool | None = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -67,6 +71,27 @@ def chunk_map_from_cu_seqlens(cu_seqlens: torch.Tensor, C: int, n_slots: int) ->
     return torch.stack([n, i_t], 1).to(torch.int32).contiguous()
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[str, int]:
+    """The state-pass kernel to launch and its V tile: the variant's small-grid copy (``*_small_kernel``,
+    where its spec tunes one) when the grid of the first would hold fewer programs than the device has SMs."""
+    small = name.replace("_kernel", "_small_kernel")
+    if ks.has(small):
+        if SMALL_GRID is not None:
+            use = SMALL_GRID
+        else:
+            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+                if device.type == "cuda" else 0
+            use = NH * _cdiv(V, ks.constexprs(name)["BV"]) < sms
+        if use:
+            name = small
+    return name, ks.constexprs(name)["BV"]
+
+
 def _cu(cu_seqlens: torch.Tensor | None) -> list[torch.Tensor]:
     """The varlen kernel argument of the state passes: [cu_seqlens], or nothing for dense inputs."""
     return [] if cu_seqlens is None else [cu_seqlens]
@@ -107,7 +132,8 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     u = _empty(v_.shape, v_.dtype, dev)
     saved = saved_for_backward(v, q, k, v_, a, b, gk, initial_state, (h, u), scale, cu_seqlens)
     w, m, aqk, aqb = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
-    getattr(ks, FWD)[(N * H, _cdiv(V, ks.constexprs(FWD)["BV"]))](
+    name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
+    getattr(ks, name)[(N * H, _cdiv(V, bv))](
         q, k, v_, b, gk, w, m, aqk, aqb, o, initial_state, h, ht, u, *_cu(cu_seqlens), float(scale), T, H)
     return o, ht, saved
 
@@ -137,7 +163,8 @@ def chunk_states(ks, v, saved, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.
     h = _empty((saved["n_slots"], H, K, V), boundary_dtype(k), k.device)
     ht = _empty((saved["N"], H, K, V), torch.float32, k.device)
     u = _empty(v_.shape, v_.dtype, k.device)
-    getattr(ks, FWD_H)[(saved["N"] * H, _cdiv(V, ks.constexprs(FWD_H)["BV"]))](
+    name, bv = _pass_kernel(ks, FWD_H, saved["N"] * H, V, k.device)
+    getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](
         k, v_, b, gk, w, m, h0, h, ht, u, *_cu(cu_seqlens), T, H)
     return h, u
 
@@ -157,7 +184,8 @@ def chunk_dplr_bwd_dh(ks, v, saved, y: torch.Tensor, p: torch.Tensor, do: torch.
     dh = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
     dh0 = _empty((N, H, K, V), torch.float32, dev)
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
-    getattr(ks, BWD_DH)[(N * H, _cdiv(V, ks.constexprs(BWD_DH)["BV"]))](
+    name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
+    getattr(ks, name)[(N * H, _cdiv(V, bv))](
         q, a, gk, y, p, do, dht, dh, dh0, dr, *_cu(cu_seqlens), scale, T, H)
     return dh, dr, dh0
 

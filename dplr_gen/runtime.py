@@ -71,6 +71,10 @@ class KernelSet:
     def constexprs(self, name: str) -> dict[str, Any]:
         return dict(self.module.CONSTEXPRS[name])
 
+    def has(self, name: str) -> bool:
+        """Whether the variant's source declares kernel ``name`` (optional kernels, e.g. *_small_kernel)."""
+        return name in self.module.SIGNATURES
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name not in self.module.SIGNATURES:
             raise AttributeError(name)

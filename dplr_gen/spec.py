@@ -20,7 +20,14 @@ HeadDim = Annotated[int, Field(ge=16, le=256)]
 # Stages (one kernel each) that tuning may name, per op; templates read knobs by these names.
 STAGES: dict[str, tuple[str, ...]] = {
     "fused_recurrent": ("fwd",),
-    "chunk": ("prep", "fwd", "bwd_dh", "bwd"),
+    "chunk": ("prep", "fwd", "bwd_dh", "bwd", "fwd_small", "bwd_dh_small"),
+}
+# Stages that exist only where a spec gives them knobs: a second compiled copy of the state passes (forward and
+# states-only: fwd_small; reverse: bwd_dh_small), launched instead of the first when its grid would not fill
+# the device (fewer programs than SMs: one or two sequences of few heads), where other tiles win.
+OPTIONAL_STAGES: dict[str, frozenset[str]] = {
+    "fused_recurrent": frozenset(),
+    "chunk": frozenset({"fwd_small", "bwd_dh_small"}),
 }
 
 

@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from . import quirks as quirk_registry
 from .arch import ArchProfile, get_arch
-from .spec import STAGES, Knobs, Spec, VariantAxes, when_matches
+from .spec import OPTIONAL_STAGES, STAGES, Knobs, Spec, VariantAxes, when_matches
 
 
 @dataclass(frozen=True)
@@ -137,9 +137,11 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
     for stage in STAGES[v.op]:
         key = f"{v.op}.{stage}"
         merged: dict[str, Any] = {"num_warps": arch.defaults.num_warps, "num_stages": arch.defaults.num_stages}
-        for table in (spec.tuning, spec.target_tuning.get(arch.target, {}), *rules):
-            if key in table:
-                merged.update(table[key].model_dump(exclude_none=True))
+        tables = [t for t in (spec.tuning, spec.target_tuning.get(arch.target, {}), *rules) if key in t]
+        if not tables and stage in OPTIONAL_STAGES[v.op]:
+            continue  # not asked for: no such kernel
+        for table in tables:
+            merged.update(table[key].model_dump(exclude_none=True))
         # quirk caps win over the spec: a knob that provokes a known compiler failure is never used
         caps = [limits.get("max_num_warps"), limits.get("stage_max_num_warps", {}).get(key)]
         for cap in caps:

@@ -60,6 +60,9 @@ class DevKernelSet:
     def constexprs(self, name):
         return dict(self.m.CONSTEXPRS[name])
 
+    def has(self, name):
+        return name in self.m.SIGNATURES
+
     def __getattr__(self, name):
         fn = getattr(self.m, name)
         c = self.m.CONSTEXPRS[name]
@@ -310,6 +313,47 @@ def test_bounded_gate_below_bound_is_clamped(C, gate_bound):
     assert rel_err(o, o_ref) <= 1e-5 and rel_err(ht, ht_ref) <= 1e-5
     for name, gr, r in zip(leaves, grads, ref):
         assert rel_err(gr, r) <= 1e-5, name
+
+
+SMALL = {"fwd": knobs(block_v=32, num_warps=2, num_stages=2), "bwd_dh": knobs(block_v=32, num_warps=2),
+         "bwd": knobs(block_v=16, num_warps=4), "fwd_small": knobs(block_v=16, num_warps=4, num_stages=2),
+         "bwd_dh_small": knobs(block_v=16, num_warps=1, num_stages=1)}
+
+
+def test_small_grid_kernels_declared():
+    mod = load(make_variant("fp32", K=32, V=48), SMALL).m
+    small = {"chunk_dplr_fwd_small_kernel", "chunk_dplr_fwd_h_small_kernel", "chunk_dplr_bwd_dh_small_kernel"}
+    assert small <= set(mod.SIGNATURES) == set(mod.CONSTEXPRS) == set(mod.LAUNCH)
+    for name in small:
+        wide = name.replace("_small_kernel", "_kernel")
+        assert mod.SIGNATURES[name] == mod.SIGNATURES[wide]
+        assert _kernel_params(mod, name) == list(mod.SIGNATURES[name]) + list(mod.CONSTEXPRS[name])
+        assert mod.CONSTEXPRS[name] == {**mod.CONSTEXPRS[wide], "BV": 16}
+    assert mod.LAUNCH["chunk_dplr_fwd_small_kernel"] == {"num_warps": 4, "num_stages": 2}
+    assert mod.LAUNCH["chunk_dplr_bwd_dh_small_kernel"] == {"num_warps": 1, "num_stages": 1}
+    assert not small & set(load(make_variant("fp32", K=32, V=48)).m.SIGNATURES)  # only where tuned
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_small_grid_kernels(monkeypatch, varlen):
+    # the small-grid copies (V tile 16 instead of 32: three V blocks) give the reference's results
+    monkeypatch.setattr(chunk_driver, "SMALL_GRID", True)
+    v = make_variant("fp32", K=32, V=48, varlen=varlen)
+    kw = {"lens": [5, 40, 17]} if varlen else {"B": 2, "T": 40}
+    check(run_case(v, H=2, tune=SMALL, **kw), TOL["fp32"])
+
+
+def test_small_grid_choice(monkeypatch):
+    """By the device: the small copy only when the wide grid has fewer programs than SMs."""
+    ks = load(make_variant("fp32", K=32, V=48), SMALL)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert chunk_driver._pass_kernel(ks, chunk_driver.FWD, 2, 48, cpu) == (chunk_driver.FWD, 32)
+    monkeypatch.setattr(chunk_driver, "_sm_count", lambda index: 132)
+    assert chunk_driver._pass_kernel(ks, chunk_driver.FWD, 65, 48, gpu) == ("chunk_dplr_fwd_small_kernel", 16)
+    assert chunk_driver._pass_kernel(ks, chunk_driver.BWD_DH, 66, 48, gpu) == (chunk_driver.BWD_DH, 32)
+    plain = load(make_variant("fp32", K=32, V=48))
+    assert chunk_driver._pass_kernel(plain, chunk_driver.FWD_H, 1, 48, gpu) == (
+        chunk_driver.FWD_H, plain.constexprs(chunk_driver.FWD_H)["BV"])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

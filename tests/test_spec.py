@@ -59,6 +59,18 @@ def test_names_spell_every_parameter(tmp_path: Path) -> None:
     assert v.name == "chunk_fp32_k60_v100_c64_dense_gbm0p6065_gfp32_sfp32_tf32"
 
 
+def test_small_grid_stages_only_where_tuned(tmp_path: Path) -> None:
+    text = GOOD + ("variant_tuning:\n  - when: {K: [64]}\n    tuning:\n"
+                   "      chunk.fwd_small: {num_warps: 4, block_v: 16}\n      chunk.bwd_dh_small: {num_warps: 4}\n")
+    units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
+    chunk = [u for u in units if u.variant.op == "chunk"]
+    for u in chunk:
+        assert ("fwd_small" in u.tune) == ("bwd_dh_small" in u.tune) == (u.variant.K == 64), u.name
+        assert {"prep", "fwd", "bwd_dh", "bwd"} <= set(u.tune)
+    u = next(u for u in chunk if u.variant.K == 64)
+    assert (u.tune["fwd_small"].num_warps, u.tune["fwd_small"].block_v) == (4, 16)
+
+
 def test_units_per_target_carry_flags(tmp_path: Path) -> None:
     units, _ = build_units(load_spec(write(tmp_path, GOOD)), Version("3.6.0"))
     by_target = {u.target: u for u in units}

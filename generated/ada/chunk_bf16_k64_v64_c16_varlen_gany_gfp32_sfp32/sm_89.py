@@ -13,6 +13,8 @@
 #                             gradient reaching each chunk's end state, dR = (I - A_ab)^-T dU, d(initial state).
 #   chunk_dplr_bwd_kernel     one program per (chunk * head): every per-token gradient of one chunk, from the
 #                             chunk-start state and U of the forward, and dS of the chunk end and dR.
+#   *_small_kernel            (where the spec tunes fwd_small / bwd_dh_small) the state passes again with other
+#                             tiles and warps, for grids smaller than the device.
 import triton
 import triton.language as tl
 
@@ -311,11 +313,14 @@ def chunk_dplr_fwd_h_kernel(
 
 
 @triton.jit
-def chunk_dplr_bwd_dh_kernel(
+def _reverse_pass(
     q, a, gk, y, p, do, dht, dh, dh0, dr,
     cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
+    """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
+    per chunk it stores dS (the gradient reaching the chunk's end state) and dR (chunk_dplr_prep_bwd_kernel's
+    Y and P), then steps dS to the chunk start; finally d(initial state)."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -355,6 +360,15 @@ def chunk_dplr_bwd_dh_kernel(
         dS = dS * tl.trans(tl.exp(gC)) + scale * _dot(tl.trans((b_q * tl.exp(gam)).to(tl.bfloat16)), b_do) \
             + _dot(tl.trans((b_a * tl.exp(gamp)).to(tl.bfloat16)), dR)
     tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, dS, mask=m_kv)
+
+
+@triton.jit
+def chunk_dplr_bwd_dh_kernel(
+    q, a, gk, y, p, do, dht, dh, dh0, dr,
+    cu_seqlens, scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _reverse_pass(q, a, gk, y, p, do, dht, dh, dh0, dr, cu_seqlens, scale, T, H, K, V, BC, BK, BV)
 
 
 @triton.jit
