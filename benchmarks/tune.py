@@ -116,7 +116,7 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         x = C.rwkv7_case(B, T, H, D, dtype=dtype, device=dev, seed=7)
         # the driver takes gk in the variant's gate dtype as is (the public op converts it; here it must be
         # done: a bf16 gk read as fp32 runs past its buffer)
-        x["w"] = x["w"].to({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[info.gate_dtype])
+        x["w"] = x["w"].to(next(t for t, n in ops.DTYPE_NAMES.items() if n == info.gate_dtype))
         fwd_args = (x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], 1.0, x["h0"], None)
         o, ht, saved = drv.chunk_dplr_fwd(ks, info, *fwd_args)
         do, dht = C.grad_outputs(x, 7)

@@ -22,12 +22,13 @@ STAGES: dict[str, tuple[str, ...]] = {
     "fused_recurrent": ("fwd",),
     "chunk": ("prep", "fwd", "bwd_dh", "bwd", "fwd_small", "bwd_dh_small"),
 }
-# Stages that exist only where a spec gives them knobs: a second compiled copy of the state passes (forward and
-# states-only: fwd_small; reverse: bwd_dh_small), launched instead of the first when its grid would not fill
-# the device (fewer programs than SMs: one or two sequences of few heads), where other tiles win.
-OPTIONAL_STAGES: dict[str, frozenset[str]] = {
-    "fused_recurrent": frozenset(),
-    "chunk": frozenset({"fwd_small", "bwd_dh_small"}),
+# Stages that exist only where a spec gives them knobs, each a second compiled copy of another stage's kernels
+# (copy -> original): the state passes (forward and states-only: fwd_small; reverse: bwd_dh_small), launched
+# instead of the first when its grid would not fill the device (fewer programs than SMs: one or two sequences
+# of few heads), where other tiles win. A quirk's warp cap on the original applies to its copy too.
+STAGE_COPIES: dict[str, dict[str, str]] = {
+    "fused_recurrent": {},
+    "chunk": {"fwd_small": "fwd", "bwd_dh_small": "bwd_dh"},
 }
 
 

@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from . import quirks as quirk_registry
 from .arch import ArchProfile, get_arch
-from .spec import OPTIONAL_STAGES, STAGES, Knobs, Spec, VariantAxes, when_matches
+from .spec import STAGE_COPIES, STAGES, Knobs, Spec, VariantAxes, when_matches
 
 
 @dataclass(frozen=True)
@@ -138,12 +138,17 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
         key = f"{v.op}.{stage}"
         merged: dict[str, Any] = {"num_warps": arch.defaults.num_warps, "num_stages": arch.defaults.num_stages}
         tables = [t for t in (spec.tuning, spec.target_tuning.get(arch.target, {}), *rules) if key in t]
-        if not tables and stage in OPTIONAL_STAGES[v.op]:
+        original = STAGE_COPIES[v.op].get(stage)
+        if not tables and original is not None:
             continue  # not asked for: no such kernel
         for table in tables:
             merged.update(table[key].model_dump(exclude_none=True))
-        # quirk caps win over the spec: a knob that provokes a known compiler failure is never used
-        caps = [limits.get("max_num_warps"), limits.get("stage_max_num_warps", {}).get(key)]
+        # quirk caps win over the spec: a knob that provokes a known compiler failure is never used (a copy's
+        # kernels are the original's, so the original's cap holds for them too)
+        stage_caps = limits.get("stage_max_num_warps", {})
+        caps = [limits.get("max_num_warps"), stage_caps.get(key)]
+        if original is not None:
+            caps.append(stage_caps.get(f"{v.op}.{original}"))
         for cap in caps:
             if cap is not None:
                 merged["num_warps"] = min(merged["num_warps"], cap)

@@ -19,14 +19,15 @@ def main() -> int:
     import torch
 
     import dplr_gen
+    from benchmarks import common as C
     from dplr_gen.testing import rwkv7_inputs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4x4096x32x64")
     args = ap.parse_args()
-    B, T, H, D = (int(x) for x in args.shape.split("x"))
+    s = C.parse_shape(args.shape, {})
     x = {n: t.requires_grad_(True) for n, t in
-         rwkv7_inputs(B, T, H, D, dtype=torch.bfloat16, device="cuda", seed=0).items()}
+         rwkv7_inputs(s.B, s.T, s.H, s.D, dtype=torch.bfloat16, device="cuda", seed=0).items()}
     for profiled in (False, True):
         if profiled:
             torch.cuda.cudart().cudaProfilerStart()

@@ -71,6 +71,19 @@ def test_small_grid_stages_only_where_tuned(tmp_path: Path) -> None:
     assert (u.tune["fwd_small"].num_warps, u.tune["fwd_small"].block_v) == (4, 16)
 
 
+def test_stage_warp_cap_holds_for_its_copy(tmp_path: Path) -> None:
+    # a quirk's cap on chunk.fwd / chunk.bwd_dh caps the small-grid copies of those kernels too
+    from dplr_gen.arch import get_arch
+    from dplr_gen.variants import _resolve_knobs
+
+    text = GOOD + ("tuning:\n  chunk.fwd_small: {num_warps: 4}\n  chunk.bwd_dh_small: {num_warps: 4}\n"
+                   "  chunk.bwd: {num_warps: 4}\n")
+    spec = load_spec(write(tmp_path, text))
+    v = next(v for v in expand(spec)[0] if v.op == "chunk")
+    knobs = _resolve_knobs(spec, get_arch("sm_90"), v, {"stage_max_num_warps": {"chunk.fwd": 1, "chunk.bwd_dh": 2}})
+    assert (knobs["fwd_small"].num_warps, knobs["bwd_dh_small"].num_warps, knobs["bwd"].num_warps) == (1, 2, 4)
+
+
 def test_units_per_target_carry_flags(tmp_path: Path) -> None:
     units, _ = build_units(load_spec(write(tmp_path, GOOD)), Version("3.6.0"))
     by_target = {u.target: u for u in units}
