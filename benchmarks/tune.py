@@ -15,6 +15,7 @@ setting cannot poison the others):
 --ignore-warp-caps drops the quirk registry's stage num_warps caps for the sweep, so that a cap can be
 re-examined on the hardware (the accuracy column then says whether the capped setting is actually wrong).
 Writes $OUT/tune_<date>.json and prints, per stage, the settings ranked by time (wrong ones marked).
+--package DIR times a built package's kernels as shipped instead (no sweep, no build).
 --dry-run runs the same control flow on CPU (TRITON_INTERPRET=1, fp32, tiny shapes, no AOT build).
 """
 
@@ -116,20 +117,21 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         x = C.rwkv7_case(B, T, H, D, dtype=dtype, device=dev, seed=7)
         # the driver takes gk in the variant's gate dtype as is (the public op converts it; here it must be
         # done: a bf16 gk read as fp32 runs past its buffer)
-        x["w"] = x["w"].to(next(t for t, n in ops.DTYPE_NAMES.items() if n == info.gate_dtype))
+        x["w"] = x["w"].to(ops.TORCH_DTYPES[info.gate_dtype])
         fwd_args = (x["r"], x["k"], x["v"], x["a"], x["b"], x["w"], 1.0, x["h0"], None)
         o, ht, saved = drv.chunk_dplr_fwd(ks, info, *fwd_args)
         do, dht = C.grad_outputs(x, 7)
         prep_args = (ks, info, x["r"], x["k"], x["a"], x["b"], x["w"], None, saved["n_slots"])
-        w, m, y, p = drv.chunk_prep(*prep_args, for_bwd=True)
-        dh, dr, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, y, p, do, dht)
+        pr = drv.chunk_prep(*prep_args, for_bwd=True)
+        dh, dr, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, pr, do, dht)
         h, u = saved["states"]
         fns = {
             "prep": lambda: drv.chunk_prep(*prep_args),
-            "fwd": lambda: drv.chunk_dplr_fwd(ks, info, *fwd_args),
-            "states": lambda: drv.chunk_states(ks, info, saved, w, m),
+            # as a training forward runs it: the backward recomputes the states
+            "fwd": lambda: drv.chunk_dplr_fwd(ks, info, *fwd_args, keep_states=False),
+            "states": lambda: drv.chunk_states(ks, info, saved, pr),
             "prep_bwd": lambda: drv.chunk_prep(*prep_args, for_bwd=True),
-            "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, y, p, do, dht),
+            "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, pr, do, dht),
             "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, h, u, do, dh, dr),
         }
         fns_kernels = (drv.PREP, drv.FWD, drv.FWD_H, drv.PREP_BWD, drv.BWD_DH, drv.BWD)
@@ -202,6 +204,8 @@ def main() -> int:
     ap.add_argument("--time-shape", default=None, help="BxTxH for the timings (default: per head dim, see above)")
     ap.add_argument("--build-jobs", type=int, default=16, help="parallel compiles for the sweep's builds")
     ap.add_argument("--deadline", type=float, default=None, help="epoch seconds: jobs not done by then are recorded")
+    ap.add_argument("--package", default=None,
+                    help="no sweep: time this built package's chunk kernels (e.g. generated/hopper) as shipped")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--jobs", help=argparse.SUPPRESS)
@@ -230,8 +234,11 @@ def main() -> int:
         time_shape = [int(x) for x in args.time_shape.lower().split("x") if x.isdigit()]
         if len(time_shape) != 3 or min(time_shape) < 1:
             ap.error(f"--time-shape {args.time_shape!r}: give BxTxH, e.g. 1x4096x2")
+    if args.package and not (Path(args.package) / "index.json").is_file():
+        ap.error(f"--package {args.package!r}: not a generated package folder (no index.json); give e.g. "
+                 "generated/hopper after `dplr-gen build specs/hopper.yaml`")
     grid = settings(ints(args.warps), ints(args.num_stages), ints(args.block_v))
-    per_spec = spec_settings(grid)
+    per_spec = [] if args.package else spec_settings(grid)
     tmp = Path(tempfile.mkdtemp(prefix="dplr-tune-"))
     specs, settings_of = [], {}
     for i, st in enumerate(per_spec):
@@ -249,7 +256,7 @@ def main() -> int:
     res_path = out / f"tune_{C.stamp()}.json"
 
     t0 = time.perf_counter()
-    if dry:
+    if dry:  # (--package: no specs, nothing to build)
         for p in specs:
             b.write_package(b.plan(p, tmp / "gen"))
     else:
@@ -264,19 +271,22 @@ def main() -> int:
     refs = tmp / "refs.pt"
     make_refs(dims, (1, 20, 1) if dry else ACC_SHAPE, dtype, device, refs)
     deadline = args.deadline or time.time() + 7 * 86400
-    for i in range(len(specs)):
-        cfg = {"package": str(tmp / "gen" / f"tune{i:02d}"), "refs": str(refs), "device": device, "dtype": dtype,
+    packages = [Path(args.package).resolve()] if args.package else [tmp / "gen" / p.stem for p in specs]
+    for pkg_dir in packages:
+        cfg = {"package": str(pkg_dir), "refs": str(refs), "device": device, "dtype": dtype,
                "ignore_warp_caps": args.ignore_warp_caps,
                "time_shape": DRY_TIME_SHAPE if dry else time_shape}
         jobs = [f"D{D}:C{c}" for D in dims for c in chunks]
-        got = C.run_jobs(C.worker_cmd(SCRIPT, cfg), jobs, deadline, C.worker_env(device, allow_jit=True))
+        got = C.run_jobs(C.worker_cmd(SCRIPT, cfg), jobs, deadline, C.worker_env(device, allow_jit=args.package is None))
         for job, r in got.items():
             D, c = (int(p[1:]) for p in job.split(":"))
-            row = {"spec": f"tune{i:02d}", "D": D, "chunk": c, **{k: v for k, v in r.items() if k != "job"}}
+            row = {"spec": pkg_dir.name, "D": D, "chunk": c, **{k: v for k, v in r.items() if k != "job"}}
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
         C.write_json(res_path, result)
-    table = ranked(result["rows"], settings_of)
+    table = ranked(result["rows"], settings_of) if settings_of else "\n".join(
+        f"D={r['D']} C={r['chunk']} " + " ".join(f"{st} {ms:.3f}" for st, ms in r.get("ms", {}).items())
+        for r in result["rows"])
     print(table)
     result["table"] = table.splitlines()
     C.write_json(res_path, result)

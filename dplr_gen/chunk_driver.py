@@ -12,6 +12,7 @@ and below T_total // C + N, so every buffer is sized without reading cu_seqlens 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -105,36 +106,62 @@ def _cu_map(cu_seqlens: torch.Tensor | None, chunk_map: torch.Tensor | None, C: 
     return [cu_seqlens, chunk_map if chunk_map is not None else chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)]
 
 
+class Prep(NamedTuple):
+    """What the chunk-parallel prep writes per chunk slot (input dtype unless noted): W [C, K], M [C, C], the
+    gate-scaled state-step operands (B e^(gamma_C - gamma))^T and (K e^(gamma_C - gamma))^T [K, C], e^gamma_C
+    [K] (fp32); then for the forward x1 = A_qk, x2 = A_qb [C, C], x3 = Q e^gamma [C, K] (x4 unused); for the
+    reverse pass x1 = Y [C, K], x2 = P [C, C], x3 = (Q e^gamma)^T, x4 = (A e^gamma')^T [K, C]."""
+    w: torch.Tensor | None
+    m: torch.Tensor | None
+    bwt: torch.Tensor | None
+    kwt: torch.Tensor | None
+    egc: torch.Tensor
+    x1: torch.Tensor
+    x2: torch.Tensor
+    x3: torch.Tensor
+    x4: torch.Tensor | None
+
+
 def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False,
-               chunk_map: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """The chunk-parallel, state-independent work, per chunk slot (input dtype): W [C, K] and M [C, C], then
-    A_qk and A_qb [C, C] for the forward, or (``for_bwd``) Y [C, K] and P [C, C] for the reverse pass."""
+               chunk_map: torch.Tensor | None = None) -> Prep:
+    """The chunk-parallel, state-independent work (see ``Prep``), for the forward or (``for_bwd``) for the
+    backward's passes."""
     _, T, H, K = q.shape
     C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
-    w, m, x1, x2 = (_empty(shape, q.dtype, q.device) for shape in (ck, cc, ck if for_bwd else cc, cc))
+    w, m, bwt, kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device)
+                                  for shape in (ck, cc, ck, ck, ck if for_bwd else cc, cc, ck))
+    egc = _empty((n_slots, H, K), torch.float32, q.device)
+    x4 = _empty(ck, q.dtype, q.device) if for_bwd else None
     getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
-        q, k, a, b, gk, w, m, x1, x2, *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
-    return w, m, x1, x2
+        q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, *([x4] if for_bwd else []),
+        *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
+    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4)
 
 
-def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens):
+def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True):
     """Returns (o, final_state [N, H, K, V] fp32, saved): the chunk-parallel prep (A matrices,
-    (I - A_ab)^-1 and its products), then the sequential state pass, which also writes O and the state
-    entering every chunk (``h``, [slots, H, K, V]) and U (as v), both in ``saved`` for the backward."""
+    (I - A_ab)^-1 and its products), then the sequential state pass, which also writes O and, if
+    ``keep_states``, the state entering every chunk (``h``, [slots, H, K, V]) and U (as v) into ``saved``
+    for the backward (else ``saved`` holds no states and the backward recomputes them)."""
     B, T, H, K = q.shape
     V = v_.shape[-1]
     N, n_slots = _layout(v, q, cu_seqlens)
     dev = q.device
     o = _empty((B, T, H, V), v_.dtype, dev)
     ht = _empty((N, H, K, V), torch.float32, dev)
-    h = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
-    u = _empty(v_.shape, v_.dtype, dev)
-    saved = saved_for_backward(v, q, k, v_, a, b, gk, initial_state, (h, u), scale, cu_seqlens)
-    w, m, aqk, aqb = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
+    if keep_states:
+        h = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
+        u = _empty(v_.shape, v_.dtype, dev)
+    else:  # never written (the kernel's stores are masked off): one element each for a valid pointer
+        h, u = _empty((1,), boundary_dtype(q), dev), _empty((1,), v_.dtype, dev)
+    saved = saved_for_backward(v, q, k, v_, a, b, gk, initial_state, (h, u) if keep_states else None, scale,
+                               cu_seqlens)
+    pr = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
     getattr(ks, name)[(N * H, _cdiv(V, bv))](
-        q, k, v_, b, gk, w, m, aqk, aqb, o, initial_state, h, ht, u, *_cu(cu_seqlens), float(scale), T, H)
+        pr.x3, pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, initial_state, h, ht, u,
+        *_cu(cu_seqlens), float(scale), int(keep_states), T, H)
     return o, ht, saved
 
 
@@ -155,9 +182,10 @@ def saved_for_backward(v, q, k, v_, a, b, gk, initial_state, states, scale: floa
     }
 
 
-def chunk_states(ks, v, saved, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunk-start states ``h`` [slots, H, K, V] and U again, from the prep's W and M (no O)."""
-    k, v_, b, gk, h0, cu_seqlens = (saved[n] for n in ("k", "v", "b", "gk", "h0", "cu_seqlens"))
+def chunk_states(ks, v, saved, pr: Prep) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk-start states ``h`` [slots, H, K, V] and U again, from the prep's W, M and scaled operands
+    (no O)."""
+    k, v_, h0, cu_seqlens = (saved[n] for n in ("k", "v", "h0", "cu_seqlens"))
     _, T, H, K = k.shape
     V = v_.shape[-1]
     h = _empty((saved["n_slots"], H, K, V), boundary_dtype(k), k.device)
@@ -165,15 +193,15 @@ def chunk_states(ks, v, saved, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.
     u = _empty(v_.shape, v_.dtype, k.device)
     name, bv = _pass_kernel(ks, FWD_H, saved["N"] * H, V, k.device)
     getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](
-        k, v_, b, gk, w, m, h0, h, ht, u, *_cu(cu_seqlens), T, H)
+        pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, h0, h, ht, u, *_cu(cu_seqlens), T, H)
     return h, u
 
 
-def chunk_dplr_bwd_dh(ks, v, saved, y: torch.Tensor, p: torch.Tensor, do: torch.Tensor,
+def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor,
                       dht: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reverse pass (with the prep's Y and P): dS at the end of every chunk (``dh`` [slots, H, K, V]),
-    dR (as v) and d(initial state) (fp32)."""
-    q, a, gk = (saved[n] for n in ("q", "a", "gk"))
+    """The reverse pass (with the backward prep's Y, P and scaled operands): dS at the end of every chunk
+    (``dh`` [slots, H, K, V]), dR (as v) and d(initial state) (fp32)."""
+    q = saved["q"]
     scale, cu_seqlens, N, n_slots = saved["scale"], saved["cu_seqlens"], saved["N"], saved["n_slots"]
     _, T, H, K = q.shape
     V = saved["v"].shape[-1]
@@ -186,7 +214,7 @@ def chunk_dplr_bwd_dh(ks, v, saved, y: torch.Tensor, p: torch.Tensor, do: torch.
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
     name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
     getattr(ks, name)[(N * H, _cdiv(V, bv))](
-        q, a, gk, y, p, do, dht, dh, dh0, dr, *_cu(cu_seqlens), scale, T, H)
+        pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, do, dht, dh, dh0, dr, *_cu(cu_seqlens), scale, T, H)
     return dh, dr, dh0
 
 
@@ -214,10 +242,10 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     Launches: the backward prep; the states pass if ``saved`` has no states; the reverse pass; the token pass."""
     do = do.contiguous()
     q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
-    w, m, y, p = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
-                            chunk_map=saved["chunk_map"])
-    h, u = saved["states"] if saved["states"] is not None else chunk_states(ks, v, saved, w, m)
-    del w, m
-    dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, y, p, do, dht)
-    del y, p
+    pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
+                    chunk_map=saved["chunk_map"])
+    h, u = saved["states"] if saved["states"] is not None else chunk_states(ks, v, saved, pr)
+    pr = pr._replace(w=None, m=None, bwt=None, kwt=None)  # freed before the reverse pass allocates
+    dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
+    del pr
     return (*chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr), dh0)

@@ -8,6 +8,7 @@ instead of keeping them alive between the passes, unless ``disable_recompute=Tru
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from typing import TYPE_CHECKING, Any, Optional
@@ -127,7 +128,16 @@ def _select(
     pkg_dir: str, op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
     chunk_size: int | None = None, lower_bound: float | None = None,
 ) -> str:
-    """The best built variant that honours the request exactly; otherwise a ValueError listing what exists."""
+    """The best built variant that honours the request exactly; otherwise a ValueError listing what exists.
+    Memoised per request (a package's variants do not change within a process; errors are not kept)."""
+    return _select_cached(pkg_dir, op, dtype, K, V, varlen, chunk_size, lower_bound)
+
+
+@functools.cache  # apart from _select: Dynamo reads its constant marker off a plain function
+def _select_cached(
+    pkg_dir: str, op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
+    chunk_size: int | None, lower_bound: float | None,
+) -> str:
     from .runtime import package_at
 
     package = package_at(pkg_dir)
@@ -161,7 +171,10 @@ def _select(
     return min(safe, key=rank)[0]
 
 
+@functools.cache
 def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
+    """(kernel set, variant) for a device, memoised: at small shapes the host work of a call is what the GPU
+    waits for (the lookup resolved the device's arch and the package every call)."""
     from .runtime import package_at
 
     package = package_at(pkg)
@@ -184,7 +197,7 @@ def _chunk_fwd_impl(
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
-    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens, keep_states)
     h, u = saved["states"] if keep_states else (h0.new_empty(0), v.new_empty(0))
     return o, ht, h, u
 

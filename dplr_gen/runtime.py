@@ -246,9 +246,17 @@ def _package_at(directory: str) -> SpecPackage:
     return SpecPackage(Path(directory))
 
 
-def package_at(directory: str | Path) -> SpecPackage:
-    """The package in a generated folder (one object per folder per process)."""
+@functools.lru_cache(maxsize=256)
+def _package_at_abs(directory: str) -> SpecPackage:
     return _package_at(str(Path(directory).resolve()))
+
+
+def package_at(directory: str | Path) -> SpecPackage:
+    """The package in a generated folder (one object per folder per process). The ops call this on every
+    call with an absolute path: that is looked up as given, so it is resolved once, not per call (a relative
+    one depends on the working directory and is resolved each time)."""
+    d = str(directory)
+    return _package_at_abs(d) if os.path.isabs(d) else _package_at(str(Path(d).resolve()))
 
 
 def load_package(module_name: str, init_file: str) -> SpecPackage:

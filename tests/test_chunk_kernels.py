@@ -228,7 +228,9 @@ def test_render_contract(dtype, varlen, gate_bound, chunk_size):
         params = _kernel_params(mod, name)
         cs = mod.CONSTEXPRS[name]
         assert params == list(sig) + list(cs), name  # runtime args in order, then the constexprs
-        assert sig["a" if "a" in sig else "k"] == io and sig["gk"] == io and sig["T"] == "i32"
+        assert [t for n, t in sig.items() if n in ("q", "k", "v", "a", "b", "w", "m", "qw", "kwt", "bwt", "do")] \
+            == [io] * len(set(sig) & {"q", "k", "v", "a", "b", "w", "m", "qw", "kwt", "bwt", "do"}) and sig["T"] == "i32"
+        assert sig.get("gk", io) == io and sig.get("egc", "*fp32") == "*fp32"  # e^gamma_C is kept in fp32
         assert ("cu_seqlens" in sig) == varlen
         assert cs["K"] == 100 and cs["BC"] == chunk_size and cs["BK"] == 128
         assert cs.get("V", 60) == 60

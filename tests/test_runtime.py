@@ -84,3 +84,31 @@ def test_known_miscompile_without_workaround_is_refused(pkg, monkeypatch: pytest
     runtime._refuse_unavoided_miscompiles(entry, "sm_90", {**params, "op": "chunk", "chunk_size": 16})
     with pytest.raises(runtime.KnownMiscompileError, match="hopper-wy-backward-4-warps-wrong"):
         runtime._refuse_unavoided_miscompiles(entry, "sm_90", {**params, "op": "chunk", "chunk_size": 64})
+
+
+def test_per_call_lookups_are_memoised(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ops look the package, the variant and the kernel set up on every call: after the first, none of it
+    touches the file system or re-ranks variants (host work that small shapes wait for), and a failed
+    selection is not remembered as an answer."""
+    import os
+    from pathlib import Path
+
+    from dplr_gen import ops
+
+    d = str(pkg.dir)
+    assert os.path.isabs(d) and runtime.package_at(d) is pkg
+    resolved: list[Path] = []
+    real_resolve = Path.resolve
+    monkeypatch.setattr(Path, "resolve", lambda self, *a, **k: resolved.append(self) or real_resolve(self, *a, **k))
+    assert all(runtime.package_at(d) is pkg for _ in range(3)) and resolved == []
+    # a relative path depends on the working directory: resolved on every call
+    assert runtime.package_at(os.path.relpath(d)) is pkg and len(resolved) == 1
+
+    first = ops._select(d, "fused_recurrent", torch.float16, 32, 32, False)
+    misses = ops._select_cached.cache_info().misses
+    assert ops._select(d, "fused_recurrent", torch.float16, 32, 32, False) == first
+    assert ops._select_cached.cache_info().misses == misses, "re-ranked a memoised request"
+    monkeypatch.undo()
+    for _ in range(2):  # no such variant: the error every time, nothing cached
+        with pytest.raises(ValueError, match="no built variant"):
+            ops._select(d, "fused_recurrent", torch.float16, 64, 64, False)

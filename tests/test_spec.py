@@ -185,3 +185,15 @@ def test_fp32_wide_chunk_is_refused_on_99kb_archs(tmp_path: Path) -> None:
     assert "chunk_fp32_k128_v256_c16_dense_gany_gfp32_sfp32_ieee__sm_86" in built  # K <= 128 fits
     assert "chunk_bf16_k256_v256_c16_dense_gany_gfp32_sfp32__sm_86" in built
     assert "fused_recurrent_fp32_k256_v256_dense_gany_gfp32_sfp32_ieee__sm_86" in built
+
+
+def test_shipped_hopper_small_grid_passes_capped_under_triton_3_1() -> None:
+    # registry entry hopper-small-grid-passes-segv-triton-3-1: 4-warp varlen small-grid passes abort Triton 3.1
+    # on sm_90; the shipped spec's copies drop to 2 warps there (varlen only) and keep 4 elsewhere
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "hopper.yaml")
+    for version, varlen, warps in (("3.1.0", True, 2), ("3.1.0", False, 4), ("3.2.0", True, 4), ("3.6.0", True, 4)):
+        units, _ = build_units(spec, Version(version))
+        u = next(u for u in units if u.variant.op == "chunk" and u.variant.K == 128 and u.variant.dtype == "bf16"
+                 and u.variant.gate_bound is not None and u.variant.varlen == varlen)
+        assert (u.tune["fwd_small"].num_warps, u.tune["bwd_dh_small"].num_warps) == (warps, warps), (version, varlen)
+        assert ("hopper-small-grid-passes-segv-triton-3-1" in u.quirks) == (warps == 2)

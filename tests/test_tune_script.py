@@ -30,3 +30,37 @@ def test_tune_dry_run_measures_every_setting(tmp_path: Path) -> None:
     warps = {st: {res["settings"][r]["fwd"]["num_warps"] for r in res["settings"]} for st in ("fwd",)}
     assert warps["fwd"] == {2, 4}
     assert "D=16 C=16 bwd" in "\n".join(res["table"])
+
+
+def test_tune_package_mode_times_a_built_package_as_shipped(tmp_path: Path) -> None:
+    from dplr_gen import build as b
+
+    spec = tmp_path / "shipped.yaml"
+    spec.write_text("name: shipped\ntargets: [sm_90]\nvariants:\n  - ops: [chunk]\n    dtypes: [fp32]\n"
+                    "    head_dims: [16]\n    chunk_sizes: [16]\n    varlen: [false]\n    gate_bounds: [-0.61]\n"
+                    "tuning:\n  chunk.fwd: {num_warps: 2, num_stages: 1, block_v: 16}\n")
+    b.write_package(b.plan(spec, tmp_path / "gen"))
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "tune.py"), "--dry-run", "--dims", "16", "--chunks", "16",
+         "--package", str(tmp_path / "gen" / "shipped")],
+        env=env, text=True, capture_output=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (res_file,) = tmp_path.glob("tune_*.json")
+    res = json.loads(res_file.read_text())
+    assert res["settings"] == {} and [r["spec"] for r in res["rows"]] == ["shipped"]  # no sweep: one row
+    (row,) = res["rows"]
+    assert "error" not in row, row
+    assert max(row["err"].values()) < 1e-5
+    assert row["constexprs"]["chunk_dplr_fwd_kernel"]["BV"] == 16  # the package's own knobs
+    assert res["table"] == ["D=16 C=16 " + " ".join(f"{st} {ms:.3f}" for st, ms in row["ms"].items())]
+
+
+def test_tune_package_mode_names_a_folder_that_is_not_a_package(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "tune.py"), "--dry-run", "--package", str(tmp_path / "nope")],
+        env=dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(REPO)), text=True, capture_output=True, timeout=300,
+    )
+    assert proc.returncode == 2 and "--package" in proc.stderr and "no index.json" in proc.stderr, proc.stderr[-2000:]
+    assert not list(tmp_path.glob("tune_*.json"))

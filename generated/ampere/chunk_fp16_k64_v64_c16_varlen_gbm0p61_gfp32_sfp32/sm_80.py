@@ -3,7 +3,8 @@
 # Chunked DPLR delta rule, forward and backward (docs/chunk_algorithm.md; equations in MATH.md):
 #   chunk_dplr_prep_kernel    one program per (chunk * head): the state-independent part of a chunk, in
 #                             parallel over all chunks: A matrices, (I - A_ab)^-1, W = (I - A_ab)^-1 A e^gamma'
-#                             and M = (I - A_ab)^-1 A_ak, written per chunk slot for the state pass.
+#                             and M = (I - A_ab)^-1 A_ak, and the gate-scaled operands of the state step,
+#                             written per chunk slot for the state pass.
 #   chunk_dplr_fwd_kernel     one program per (sequence * head, V-block): walks the chunks in order with the
 #                             state S[K, BV] on chip; per chunk only U = W S + M V, O and the next state.
 #   chunk_dplr_fwd_h_kernel   the same walk without O (the backward's recompute of the chunk-start states).
@@ -32,16 +33,16 @@ def _dot(x, y):
 
 
 @triton.jit
-def _gates(gk, p, tok, m_k, lenc, sT, AX: tl.constexpr):
-    """Log-decays of one chunk in a tile whose token axis is AX (p: element offsets of the tile, tok: the
-    chunk-relative token index broadcastable to the tile, sT: the element stride between tokens).
-    Returns (g, gamma, gamma', decay-to-chunk-end exponent, gamma_C expanded on AX)."""
+def _gates(gk, p, tok, m_k, lenc, sT):
+    """Log-decays of one chunk in a [C, BK] tile (p: element offsets of the tile, tok: the chunk-relative
+    token index [C, 1], sT: the element stride between tokens).
+    Returns (g, gamma, gamma', decay-to-chunk-end exponent, gamma_C [1, BK])."""
     m = (tok < lenc) & m_k
     g = tl.load(gk + p, mask=m, other=0.).to(tl.float32)
     g = tl.maximum(g, -0.61)  # declared bound: keeps every exponent of the factored form finite
-    gam = tl.cumsum(g, AX)
+    gam = tl.cumsum(g, 0)
     gamp = gam - g
-    gC = tl.expand_dims(tl.sum(g, AX), AX)
+    gC = tl.expand_dims(tl.sum(g, 0), 0)
     gend = gC - gam
     return g, gam, gamp, gend, gC
 
@@ -167,14 +168,19 @@ def _load_qkab(q, k, a, b, p, m):
 
 @triton.jit
 def _prep(
-    q, k, a, b, gk, w, m, x1, x2,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4,
     cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr,
 ):
     """The state-independent work of one chunk (program: chunk slot * H + head), written per slot:
-    W = (I - A_ab)^-1 A e^gamma' [C, K] and M = (I - A_ab)^-1 A_ak [C, C], with which U = W S0 + M V; then
-    for the forward x1 = A_qk, x2 = A_qb [C, C]; for the reverse pass (FOR_BWD) x1 = Y = (I - A_ab)^-T
-    B e^(gamma_C - gamma) [C, K] and x2 = P = (I - A_ab)^-T A_qb^T [C, C], with which dR = scale P dO + Y dS."""
+    W = (I - A_ab)^-1 A e^gamma' [C, K] and M = (I - A_ab)^-1 A_ak [C, C], with which U = W S0 + M V; the
+    gate-scaled operands of the state step, (B e^(gamma_C - gamma))^T and (K e^(gamma_C - gamma))^T [K, C], and
+    e^gamma_C [K] (fp32); then for the forward x1 = A_qk, x2 = A_qb [C, C], x3 = Q e^gamma [C, K]; for the
+    reverse pass (FOR_BWD) x1 = Y = (I - A_ab)^-T B e^(gamma_C - gamma) [C, K], x2 = P = (I - A_ab)^-T A_qb^T
+    [C, C], with which dR = scale P dO + Y dS, and x3 = (Q e^gamma)^T, x4 = (A e^gamma')^T [K, C].
+    The scaled operands are rounded to the input dtype exactly as the passes' dots would round them: the
+    passes then load them instead of re-deriving the gates (a cumsum and three exponentials per step of a
+    sequential loop), and the [K, C] ones come transposed, so no transpose enters the loop-carried state."""
     i_sh = tl.program_id(0)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
@@ -186,17 +192,30 @@ def _prep(
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
     b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
-    g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, 0)
+    g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
+    base_ck = (slot * H + i_h) * BC * K
+    base_cc = (slot * H + i_h) * BC * BC
+    p_ck = base_ck + o_c[:, None] * K + o_k[None, :]
+    p_kc = base_ck + o_c[:, None] + o_k[None, :] * BC  # [C, K] values into a [K, C] tile
+    p_cc = base_cc + o_c[:, None] * BC + o_c[None, :]
+    # the scaled operands first: stored at once, they need not stay in registers through the products below
+    ed = tl.exp(gend)
+    tl.store(bwt + p_kc, (b_b * ed).to(bwt.dtype.element_ty), mask=m_k[None, :])
+    tl.store(kwt + p_kc, (b_k * ed).to(kwt.dtype.element_ty), mask=m_k[None, :])
+    tl.store(egc + (slot * H + i_h) * K + o_k[None, :], tl.exp(gC), mask=m_k[None, :])
+    if FOR_BWD:
+        tl.store(x3 + p_kc, (b_q * tl.exp(gam)).to(x3.dtype.element_ty), mask=m_k[None, :])
+        tl.store(x4 + p_kc, (b_a * tl.exp(gamp)).to(x4.dtype.element_ty), mask=m_k[None, :])
+    else:
+        tl.store(x3 + p_ck, (b_q * tl.exp(gam)).to(x3.dtype.element_ty), mask=m_k[None, :])
     Aqk, Aqb, Aak, Aab = _chunk_A(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
     Tm = _inv_unit_triangular(Aab, BC)
     # fp32 products, rounded once when stored. Every row is written (rows past the chunk's end are zero), so
     # the state passes read no stale memory.
     W = _dot(Tm, b_a * tl.exp(gamp))
     M = _dot(Tm, Aak)
-    base_ck = (slot * H + i_h) * BC * K
-    base_cc = (slot * H + i_h) * BC * BC
-    tl.store(w + base_ck + o_c[:, None] * K + o_k[None, :], W.to(w.dtype.element_ty), mask=m_k[None, :])
-    tl.store(m + base_cc + o_c[:, None] * BC + o_c[None, :], M.to(m.dtype.element_ty))
+    tl.store(w + p_ck, W.to(w.dtype.element_ty), mask=m_k[None, :])
+    tl.store(m + p_cc, M.to(m.dtype.element_ty))
     if FOR_BWD:
         # the transposed products are formed untransposed (Y^T = (B e^..)^T (I - A_ab)^-1, P^T = A_qb
         # (I - A_ab)^-1: no transposed dot result enters a dot) and written through transposed offsets
@@ -205,38 +224,39 @@ def _prep(
         tl.store(x1 + base_ck + o_c[None, :] * K + o_k[:, None], YT.to(x1.dtype.element_ty), mask=m_k[:, None])
         tl.store(x2 + base_cc + o_c[None, :] * BC + o_c[:, None], PT.to(x2.dtype.element_ty))
     else:
-        tl.store(x1 + base_cc + o_c[:, None] * BC + o_c[None, :], Aqk.to(x1.dtype.element_ty))
-        tl.store(x2 + base_cc + o_c[:, None] * BC + o_c[None, :], Aqb.to(x2.dtype.element_ty))
+        tl.store(x1 + p_cc, Aqk.to(x1.dtype.element_ty))
+        tl.store(x2 + p_cc, Aqb.to(x2.dtype.element_ty))
 
 
 @triton.jit
 def chunk_dplr_prep_kernel(
-    q, k, a, b, gk, w, m, aqk, aqb,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw,
     cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    _prep(q, k, a, b, gk, w, m, aqk, aqb, cu_seqlens, chunk_map, T, H, K, BC, BK, False)
+    # x4 is not written by the forward's prep: qw stands in for it
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, cu_seqlens, chunk_map, T, H, K, BC, BK, False)
 
 
 @triton.jit
 def chunk_dplr_prep_bwd_kernel(
-    q, k, a, b, gk, w, m, y, p,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt,
     cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    _prep(q, k, a, b, gk, w, m, y, p, cu_seqlens, chunk_map, T, H, K, BC, BK, True)
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, cu_seqlens, chunk_map, T, H, K, BC, BK, True)
 
 
 @triton.jit
 def _state_pass(
-    q, k, v, b, gk, w, m, aqk, aqb, o, h0, h, ht, u,
-    cu_seqlens, scale, T, H,
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u,
+    cu_seqlens, scale, store_states, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     WITH_O: tl.constexpr,
 ):
     """The sequential part of the forward over one (sequence * head, V-block): per chunk, store the state
-    entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both), O if WITH_O, then
-    the next state."""
+    entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both) unless
+    store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state."""
     i_nh = tl.program_id(0)  # N * H on grid axis 0 (axes 1/2 stop at 65535)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -250,62 +270,62 @@ def _state_pass(
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]
+    o_ck = o_c[:, None] * K + o_k[None, :]
+    o_kc = o_k[:, None] * BC + o_c[None, :]
+    keep = store_states != 0
     S = tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
     for i_t in range(NT):
         t0 = bos + i_t * BC
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
-        tl.store(h + p_s * K * V + o_kv, S.to(h.dtype.element_ty), mask=m_kv)
-        p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
-        m_x = m_c[:, None] & m_k[None, :]
-        b_k = tl.load(k + p_x, mask=m_x, other=0.).to(tl.float32)
-        b_b = tl.load(b + p_x, mask=m_x, other=0.).to(tl.float32)
-        g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, 0)
+        tl.store(h + p_s * K * V + o_kv, S.to(h.dtype.element_ty), mask=m_kv & keep)
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_v = tl.load(v + p_y, mask=m_y, other=0.).to(tl.float16)
         p_cc = p_s * BC * BC + o_c[:, None] * BC + o_c[None, :]
-        b_w = tl.load(w + p_s * BC * K + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
+        b_w = tl.load(w + p_s * BC * K + o_ck, mask=m_k[None, :], other=0.)
         b_m = tl.load(m + p_cc)
+        # the prep's gate-scaled operands: (B e^(gamma_C - gamma))^T, (K e^(gamma_C - gamma))^T, e^gamma_C
+        b_bwt = tl.load(bwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+        b_kwt = tl.load(kwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+        b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
         S_dt = S.to(tl.float16)
         U = (_dot(b_w, S_dt) + _dot(b_m, b_v)).to(tl.float16)
-        tl.store(u + p_y, U, mask=m_y)
+        tl.store(u + p_y, U, mask=m_y & keep)
         if WITH_O:
-            b_q = tl.load(q + p_x, mask=m_x, other=0.).to(tl.float32)
-            b_o = _dot((b_q * tl.exp(gam)).to(tl.float16), S_dt) + _dot(tl.load(aqb + p_cc), U) \
-                + _dot(tl.load(aqk + p_cc), b_v)
+            b_qw = tl.load(qw + p_s * BC * K + o_ck, mask=m_k[None, :], other=0.)
+            b_o = _dot(b_qw, S_dt) + _dot(tl.load(aqb + p_cc), U) + _dot(tl.load(aqk + p_cc), b_v)
             tl.store(o + p_y, (b_o * scale).to(o.dtype.element_ty), mask=m_y)
         # S_C = e^gamma_C S0 + (B e^(gamma_C - gamma))^T U + (K e^(gamma_C - gamma))^T V
-        ed = tl.exp(gend)
-        S = S * tl.trans(tl.exp(gC)) + _dot(tl.trans((b_b * ed).to(tl.float16)), U) + _dot(tl.trans((b_k * ed).to(tl.float16)), b_v)
+        S = S * b_eg[:, None] + _dot(b_bwt, U) + _dot(b_kwt, b_v)
     tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, S, mask=m_kv)
 
 
 @triton.jit
 def chunk_dplr_fwd_kernel(
-    q, k, v, b, gk, w, m, aqk, aqb, o, h0, h, ht, u,
-    cu_seqlens, scale, T, H,
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u,
+    cu_seqlens, scale, store_states, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _state_pass(q, k, v, b, gk, w, m, aqk, aqb, o, h0, h, ht, u, cu_seqlens, scale, T, H,
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, cu_seqlens, scale, store_states, T, H,
                 K, V, BC, BK, BV, True)
 
 
 @triton.jit
 def chunk_dplr_fwd_h_kernel(
-    k, v, b, gk, w, m, h0, h, ht, u,
+    kwt, v, bwt, egc, w, m, h0, h, ht, u,
     cu_seqlens, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    # q, A_qk, A_qb, o and scale are not read without O: k, w, m, ... stand in for them
-    _state_pass(k, k, v, b, gk, w, m, m, m, v, h0, h, ht, u, cu_seqlens, 1.0, T, H,
+    # Q e^gamma, A_qk, A_qb, o and scale are not read without O: kwt, m, v stand in for them
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, cu_seqlens, 1.0, 1, T, H,
                 K, V, BC, BK, BV, False)
 
 
 @triton.jit
 def _reverse_pass(
-    q, a, gk, y, p, do, dht, dh, dh0, dr,
+    qwt, awt, egc, y, p, do, dht, dh, dh0, dr,
     cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -325,41 +345,40 @@ def _reverse_pass(
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]
+    o_kc = o_k[:, None] * BC + o_c[None, :]
     dS = tl.load(dht + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
         t0 = bos + i_t * BC
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
+        p_s = (slot0 + i_t) * H + i_h
         # dS: the gradient reaching this chunk's end state
-        tl.store(dh + ((slot0 + i_t) * H + i_h) * K * V + o_kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
-        m_x = m_c[:, None] & m_k[None, :]
-        b_q = tl.load(q + p_x, mask=m_x, other=0.).to(tl.float32)
-        b_a = tl.load(a + p_x, mask=m_x, other=0.).to(tl.float32)
-        g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, 0)
+        tl.store(dh + p_s * K * V + o_kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.float16)
-        p_s = (slot0 + i_t) * H + i_h
         b_y = tl.load(y + p_s * BC * K + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
         b_p = tl.load(p + p_s * BC * BC + o_c[:, None] * BC + o_c[None, :])
+        # the prep's gate-scaled operands: (Q e^gamma)^T, (A e^gamma')^T, e^gamma_C
+        b_qwt = tl.load(qwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+        b_awt = tl.load(awt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+        b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
         # dR = (I - A_ab)^-T dU, dU = scale A_qb^T dO + (B e^(gamma_C - gamma)) dS  (chunk_dplr_prep_bwd_kernel)
         dR = (scale * _dot(b_p, b_do) + _dot(b_y, dS.to(tl.float16))).to(tl.float16)
         tl.store(dr + p_y, dR, mask=m_y)  # for the token pass
         # dS0 = e^gamma_C dS + scale (Q e^gamma)^T dO + (A e^gamma')^T dR
-        dS = dS * tl.trans(tl.exp(gC)) + scale * _dot(tl.trans((b_q * tl.exp(gam)).to(tl.float16)), b_do) \
-            + _dot(tl.trans((b_a * tl.exp(gamp)).to(tl.float16)), dR)
+        dS = dS * b_eg[:, None] + scale * _dot(b_qwt, b_do) + _dot(b_awt, dR)
     tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, dS, mask=m_kv)
 
 
 @triton.jit
 def chunk_dplr_bwd_dh_kernel(
-    q, a, gk, y, p, do, dht, dh, dh0, dr,
+    qwt, awt, egc, y, p, do, dht, dh, dh0, dr,
     cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _reverse_pass(q, a, gk, y, p, do, dht, dh, dh0, dr, cu_seqlens, scale, T, H, K, V, BC, BK, BV)
+    _reverse_pass(qwt, awt, egc, y, p, do, dht, dh, dh0, dr, cu_seqlens, scale, T, H, K, V, BC, BK, BV)
 
 
 @triton.jit
@@ -379,7 +398,7 @@ def chunk_dplr_bwd_kernel(
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
     b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
-    g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, 0)
+    g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
     ed = tl.exp(gend)
     Qw = (b_q * tl.exp(gam)).to(tl.float16)
     Aw = (b_a * tl.exp(gamp)).to(tl.float16)
@@ -470,31 +489,33 @@ def chunk_dplr_bwd_kernel(
 SIGNATURES = {
     "chunk_dplr_prep_kernel": {
         "q": "*fp16", "k": "*fp16", "a": "*fp16", "b": "*fp16", "gk": "*fp32",
-        "w": "*fp16", "m": "*fp16", "aqk": "*fp16", "aqb": "*fp16",
+        "w": "*fp16", "m": "*fp16", "bwt": "*fp16", "kwt": "*fp16", "egc": "*fp32",
+        "aqk": "*fp16", "aqb": "*fp16", "qw": "*fp16",
         "cu_seqlens": "*i32", "chunk_map": "*i32",
         "T": "i32", "H": "i32",
     },
     "chunk_dplr_fwd_kernel": {
-        "q": "*fp16", "k": "*fp16", "v": "*fp16", "b": "*fp16", "gk": "*fp32",
+        "qw": "*fp16", "kwt": "*fp16", "v": "*fp16", "bwt": "*fp16", "egc": "*fp32",
         "w": "*fp16", "m": "*fp16", "aqk": "*fp16", "aqb": "*fp16",
         "o": "*fp16", "h0": "*fp32", "h": "*fp32", "ht": "*fp32", "u": "*fp16",
         "cu_seqlens": "*i32",
-        "scale": "fp32", "T": "i32", "H": "i32",
+        "scale": "fp32", "store_states": "i32", "T": "i32", "H": "i32",
     },
     "chunk_dplr_fwd_h_kernel": {
-        "k": "*fp16", "v": "*fp16", "b": "*fp16", "gk": "*fp32",
+        "kwt": "*fp16", "v": "*fp16", "bwt": "*fp16", "egc": "*fp32",
         "w": "*fp16", "m": "*fp16", "h0": "*fp32", "h": "*fp32", "ht": "*fp32", "u": "*fp16",
         "cu_seqlens": "*i32",
         "T": "i32", "H": "i32",
     },
     "chunk_dplr_prep_bwd_kernel": {
         "q": "*fp16", "k": "*fp16", "a": "*fp16", "b": "*fp16", "gk": "*fp32",
-        "w": "*fp16", "m": "*fp16", "y": "*fp16", "p": "*fp16",
+        "w": "*fp16", "m": "*fp16", "bwt": "*fp16", "kwt": "*fp16", "egc": "*fp32",
+        "y": "*fp16", "p": "*fp16", "qwt": "*fp16", "awt": "*fp16",
         "cu_seqlens": "*i32", "chunk_map": "*i32",
         "T": "i32", "H": "i32",
     },
     "chunk_dplr_bwd_dh_kernel": {
-        "q": "*fp16", "a": "*fp16", "gk": "*fp32", "y": "*fp16", "p": "*fp16",
+        "qwt": "*fp16", "awt": "*fp16", "egc": "*fp32", "y": "*fp16", "p": "*fp16",
         "do": "*fp16", "dht": "*fp32", "dh": "*fp32", "dh0": "*fp32", "dr": "*fp16",
         "cu_seqlens": "*i32",
         "scale": "fp32", "T": "i32", "H": "i32",
