@@ -219,15 +219,22 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor,
 
 
 def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: torch.Tensor, dh: torch.Tensor,
-                          dr: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The chunk-parallel pass: (dq, dk, dv, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR."""
+                          dr: torch.Tensor, dv_over_dr: bool = False, dq_over_u: bool = False,
+                          ) -> tuple[torch.Tensor, ...]:
+    """The chunk-parallel pass: (dq, dk, dv, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR.
+    ``dv_over_dr``: dv is written over dR (same shape and dtype); ``dq_over_u``: dq over U (K = V only, and
+    only where U is this backward's scratch): a [B, T, H, V] buffer less each at the peak of the backward.
+    Safe: each program reads the dR and U rows of its (chunk, head) before it writes dv and dq at the same
+    elements (dv per V tile, after that tile's loads; dq after the V loop), and no other program touches them."""
     q, k, v_, a, b, gk = (saved[n] for n in ("q", "k", "v", "a", "b", "gk"))
     scale, cu_seqlens, n_slots = saved["scale"], saved["cu_seqlens"], saved["n_slots"]
     _, T, H, _ = q.shape
     dev = q.device
-    dq = _empty(q.shape, q.dtype, dev)
+    if dq_over_u and (u.shape != q.shape or u.dtype != q.dtype):
+        raise ValueError(f"dq cannot be written over U: U is {tuple(u.shape)} {u.dtype}, q {tuple(q.shape)} {q.dtype}")
+    dq = u if dq_over_u else _empty(q.shape, q.dtype, dev)
     dk = _empty(k.shape, k.dtype, dev)
-    dv = _empty(v_.shape, v_.dtype, dev)
+    dv = dr if dv_over_dr else _empty(v_.shape, v_.dtype, dev)
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(b.shape, b.dtype, dev)
     dg = _empty(gk.shape, gk.dtype, dev)
@@ -244,8 +251,10 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
     pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
                     chunk_map=saved["chunk_map"])
-    h, u = saved["states"] if saved["states"] is not None else chunk_states(ks, v, saved, pr)
+    recomputed = saved["states"] is None  # else h and U are the forward's, saved by autograd: read only
+    h, u = chunk_states(ks, v, saved, pr) if recomputed else saved["states"]
     pr = pr._replace(w=None, m=None, bwt=None, kwt=None)  # freed before the reverse pass allocates
     dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     del pr
-    return (*chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr), dh0)
+    return (*chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dv_over_dr=True,
+                                   dq_over_u=recomputed and u.shape == q.shape), dh0)

@@ -126,17 +126,24 @@ def _constant_result(fn: Any) -> Any:
 @_constant_result  # depends only on static facts: the package folder, dtypes, shapes
 def _select(
     pkg_dir: str, op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
-    chunk_size: int | None = None, lower_bound: float | None = None,
+    chunk_size: int | None = None, lower_bound: float | None = None, gate_dtype: torch.dtype | None = None,
 ) -> str:
     """The best built variant that honours the request exactly; otherwise a ValueError listing what exists.
+    ``gate_dtype``: the dtype gk arrives in (None: any; an fp32-gate variant is preferred).
     Memoised per request (a package's variants do not change within a process; errors are not kept)."""
-    return _select_cached(pkg_dir, op, dtype, K, V, varlen, chunk_size, lower_bound)
+    return _select_cached(pkg_dir, op, dtype, K, V, varlen, chunk_size, lower_bound, gate_dtype)
+
+
+def _gate_fits(variant_gate: str, gate_dtype: torch.dtype | None) -> bool:
+    """An fp32-gate variant takes gk of any dtype (converted to fp32: exact from bf16/fp16); a variant that
+    reads gk in the input dtype takes only gk already in that dtype (converting into it would round)."""
+    return variant_gate == "fp32" or (gate_dtype is not None and DTYPE_NAMES.get(gate_dtype) == variant_gate)
 
 
 @functools.cache  # apart from _select: Dynamo reads its constant marker off a plain function
 def _select_cached(
     pkg_dir: str, op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
-    chunk_size: int | None, lower_bound: float | None,
+    chunk_size: int | None, lower_bound: float | None, gate_dtype: torch.dtype | None,
 ) -> str:
     from .runtime import package_at
 
@@ -145,24 +152,31 @@ def _select_cached(
     same = [
         (n, v) for n, v in package.variants.items()
         if v.op == op and v.dtype == dname and v.K == K and v.V == V and v.varlen == varlen
+        and _gate_fits(v.gate_dtype, gate_dtype)
     ]
     # a variant built for bound L is safe for every gate >= L, so it serves a promise lower_bound >= L
     safe = [(n, v) for n, v in same if v.gate_bound is None or (lower_bound is not None and v.gate_bound <= lower_bound)]
     if not safe:
-        have = sorted({f"{v.op} {v.dtype} K={v.K} V={v.V} {'varlen' if v.varlen else 'dense'}"
+        have = sorted({f"{v.op} {v.dtype} K={v.K} V={v.V} {'varlen' if v.varlen else 'dense'} gk {v.gate_dtype}"
                        + ("" if v.gate_bound is None else f" gate>={v.gate_bound}") for v in package.variants.values()})
-        want = f"{op} {dname} K={K} V={V} {'varlen' if varlen else 'dense'}"
+        gname = "" if gate_dtype is None else f" gk {DTYPE_NAMES.get(gate_dtype, gate_dtype)}"
+        want = f"{op} {dname} K={K} V={V} {'varlen' if varlen else 'dense'}{gname}"
         extra = "" if lower_bound is None else f" with gates >= {lower_bound}"
         raise ValueError(
             f"no built variant of spec {package.name!r} ({package.spec_file}) computes {want}{extra}. Built: "
             f"{'; '.join(have) or 'none'}. To add it, put head_dims [[{K}, {V}]] / dtype {dname} / varlen "
-            f"{str(varlen).lower()} in a variant group of {package.spec_file} and run `dplr-gen build {package.spec_file}`"
+            f"{str(varlen).lower()} in a variant group of {package.spec_file} (gate_dtype fp32 takes gk of any "
+            f"dtype) and run `dplr-gen build {package.spec_file}`"
         )
 
-    def rank(item: tuple[str, Any]) -> tuple[int, int, int, str]:
+    def rank(item: tuple[str, Any]) -> tuple[int, int, int, int, str]:
         n, v = item
         return (
             0 if v.gate_bound is not None else 1,  # bounded variants are the fast path
+            # gk read as it arrives: no conversion kernel before the forward (and after the backward), fewer
+            # bytes in every kernel that loads it; the same results (bf16/fp16 -> fp32 is exact, and dgk is
+            # rounded to gk's dtype once either way)
+            0 if gate_dtype is not None and v.gate_dtype == DTYPE_NAMES.get(gate_dtype) else 1,
             0 if chunk_size is None or v.chunk_size == chunk_size else 1,  # chunk_size only changes rounding
             0 if v.dot_precision in (None, "ieee") else 1,
             n,
@@ -233,7 +247,7 @@ def _backward_variant(op: str, pkg: str, variant: str) -> str:
 
     package = package_at(pkg)
     var = package.variants[variant]
-    chunk = _select(pkg, "chunk", TORCH_DTYPES[var.dtype], var.K, var.V, var.varlen)
+    chunk = _select(pkg, "chunk", TORCH_DTYPES[var.dtype], var.K, var.V, var.varlen, gate_dtype=TORCH_DTYPES[var.gate_dtype])
     if package.variants[chunk].gate_dtype != var.gate_dtype:
         raise ValueError(f"backward of {variant} needs a chunk variant with gate dtype {var.gate_dtype}")
     return chunk
@@ -333,7 +347,7 @@ def _run(
         raise ValueError(f"lower_bound must be a negative float (a promise that gk >= lower_bound) or None, got {lower_bound!r}")
     q, k, v, a, b, g = tensors
     variant = _select(str(package.dir), op, q.dtype, info["K"], info["V"], cu_seqlens is not None, chunk_size,
-                      lower_bound)
+                      lower_bound, g.dtype)
     var = package.variants[variant]
     g = g.to(TORCH_DTYPES[var.gate_dtype])
     if initial_state is None:

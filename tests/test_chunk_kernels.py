@@ -393,6 +393,40 @@ def test_gate_dtype_fp32_with_fp16_inputs():
     check(run_case(v, T=33, H=1), TOL["fp16"])
 
 
+@pytest.mark.parametrize("varlen, K", [(False, 16), (True, 32)])
+def test_dv_dq_written_over_dr_u(varlen, K):
+    """chunk_dplr_bwd lets the token pass write dv over dR and (K = V) dq over U: the same bits as into fresh
+    NaN-poisoned buffers (which shows that every element is written), and the buffers handed back are dR's
+    and U's own."""
+    v = make_variant("fp32", K=K, V=32, chunk_size=16, varlen=varlen)
+    ks = load(v)
+    lens = [5, 16, 20] if varlen else None
+    T = sum(lens) if varlen else 37
+    cu = torch.tensor([0, 5, 21, 41], dtype=torch.int32).to(DEVICE) if varlen else None
+    d = rwkv7_inputs(1, T, 2, K, 32, dtype=torch.float32)
+    d["initial_state"] = torch.randn(3 if varlen else 1, 2, K, 32)
+    x = {n: t.to(DEVICE) for n, t in d.items()}
+    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 0.5,
+                                                x["initial_state"], cu)
+    do = torch.randn_like(o)
+    pr = chunk_driver.chunk_prep(ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], cu, saved["n_slots"],
+                                 for_bwd=True, chunk_map=saved["chunk_map"])
+    h, u = chunk_driver.chunk_states(ks, v, saved, pr)
+    dh, dr, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, torch.randn_like(ht))
+    chunk_driver.POISON = True
+    try:
+        fresh = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr)
+    finally:
+        chunk_driver.POISON = False
+    assert not any(g.isnan().any() for g in fresh)
+    dr_ptr, u_ptr = dr.data_ptr(), u.data_ptr()
+    over = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dv_over_dr=True,
+                                              dq_over_u=K == 32)
+    assert over[2].data_ptr() == dr_ptr and (over[0].data_ptr() == u_ptr) == (K == 32)
+    for n, a, b in zip(("q", "k", "v", "a", "b", "gk"), fresh, over):
+        assert torch.equal(a, b), n
+
+
 def test_no_dht():
     # dht=None: gradients through the output only
     v = make_variant("fp32", K=16, V=16, chunk_size=16)

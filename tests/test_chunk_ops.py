@@ -105,7 +105,7 @@ def test_t1_and_fla_keywords(pkg) -> None:
 def test_disable_recompute_keeps_the_states_and_changes_nothing(pkg, monkeypatch: pytest.MonkeyPatch,
                                                                  varlen: bool) -> None:
     """fla's disable_recompute=True: the backward uses the forward's chunk-start states and U (no states
-    pass) and gives bit-identical gradients."""
+    pass) and gives bit-identical gradients, on every backward through the graph."""
     x = rwkv7_inputs(1, 40, 2, 32, dtype=torch.float32)
     kw: dict[str, Any] = {}
     if varlen:
@@ -118,9 +118,12 @@ def test_disable_recompute_keeps_the_states_and_changes_nothing(pkg, monkeypatch
     for keep in (False, True):
         calls.clear()
         o, ht, xs = run_op(pkg, x, disable_recompute=keep, **kw)
-        torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)))
-        results[keep] = [xs[n].grad for n in NAMES]
-        assert len(calls) == (0 if keep else 1)  # the states-only pass runs only when nothing was kept
+        # twice through one graph: the kept states are read, never written over (the backward writes dq over
+        # U only where it recomputed U itself)
+        for _ in range(2):
+            torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)), retain_graph=True)
+        results[keep] = [xs[n].grad / 2 for n in NAMES]
+        assert len(calls) == (0 if keep else 2)  # the states-only pass runs only when nothing was kept
     for n, g0, g1 in zip(NAMES, results[False], results[True]):
         assert torch.equal(g0, g1), n
 
@@ -132,6 +135,69 @@ def test_lower_bound_selects_bounded_variant(pkg) -> None:
     safe = ops._select(str(pkg.dir), "chunk", torch.float32, 32, 32, False, None, -2.0)
     assert pkg.variants[safe].gate_bound is None
     assert pkg.variants[ops._select(str(pkg.dir), "chunk", torch.float32, 32, 32, False)].gate_bound is None
+
+
+GATE_SPEC = """
+name: gate_dtype_test
+targets: [sm_80]
+variants:
+  - ops: [chunk]
+    dtypes: [fp16]
+    head_dims: [32]
+    chunk_sizes: [16]
+    varlen: [false]
+    gate_bounds: [-0.61]
+  - ops: [chunk]
+    dtypes: [fp16]
+    head_dims: [32]
+    chunk_sizes: [16]
+    varlen: [false]
+    gate_bounds: [-0.61]
+    gate_dtype: same
+"""
+
+
+def test_gate_read_in_its_own_dtype_gives_the_same_bits(tmp_path) -> None:
+    """gk in the inputs' dtype selects the variant that reads it as it is (no conversion kernels); gk in fp32
+    the fp32-gate twin. Both compute from the same gate values and round dgk once to gk's dtype, so every
+    output and gradient is bit-identical, and both match the float64 reference."""
+    gpkg = render_package(tmp_path, GATE_SPEC, "gate_dtype_test")
+    d = str(gpkg.dir)
+    pick = {g: gpkg.variants[ops._select(d, "chunk", torch.float16, 32, 32, False, None, -0.61, g)].gate_dtype
+            for g in (torch.float16, torch.float32, None)}
+    assert pick == {torch.float16: "fp16", torch.float32: "fp32", None: "fp32"}
+    x = rwkv7_inputs(1, 37, 2, 32, dtype=torch.float16)
+    do = torch.randn(1, 37, 2, 32).half()
+    dht = torch.randn(1, 2, 32, 32)
+    res = {}
+    for wide in (False, True):
+        xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+        gk = xs["gk"].float() if wide else xs["gk"]  # fp32 gk: the fp32-gate variant, grad back through .float()
+        o, ht = ops.chunk_dplr_delta_rule(xs["q"], xs["k"], xs["v"], xs["a"], xs["b"], gk,
+                                          initial_state=xs["initial_state"], output_final_state=True,
+                                          lower_bound=-0.61, package=gpkg)
+        torch.autograd.backward((o, ht), (do, dht))
+        res[wide] = [o, ht] + [xs[n].grad for n in NAMES]
+    assert res[False][2 + NAMES.index("gk")].dtype == torch.float16
+    for name, narrow, wide in zip(("o", "ht", *NAMES), res[False], res[True]):
+        assert torch.equal(narrow, wide), name
+    ro, rht, rg = reference_with_grads(x, None, None, do, dht)
+    assert rel_err(res[False][0], ro) <= 3e-3 and rel_err(res[False][1], rht) <= 3e-3
+    for n, g in zip(NAMES, res[False][2:]):
+        assert rel_err(g, rg[n]) <= 3e-3, n
+
+
+def test_gate_dtype_that_no_variant_reads_is_named(tmp_path) -> None:
+    """A package whose only variants read gk in fp16 does not take an fp32 gk (rounding it would change the
+    result): the error names the request's gate dtype and the way out."""
+    header, _fp32_group, same_group = GATE_SPEC.split("  - ops: [chunk]\n")
+    narrow = render_package(tmp_path, header.replace("gate_dtype_test", "gate_narrow") + "  - ops: [chunk]\n"
+                            + same_group, "gate_narrow")
+    assert {v.gate_dtype for v in narrow.variants.values()} == {"fp16"}
+    assert narrow.variants[ops._select(str(narrow.dir), "chunk", torch.float16, 32, 32, False, None, -0.61,
+                                       torch.float16)].gate_dtype == "fp16"
+    with pytest.raises(ValueError, match=r"fp16 K=32 V=32 dense gk fp32 with gates >= -0.61.*gk fp16.*gate_dtype fp32"):
+        ops._select(str(narrow.dir), "chunk", torch.float16, 32, 32, False, None, -0.61, torch.float32)
 
 
 @pytest.mark.parametrize("keep_states", [False, True])
