@@ -88,13 +88,12 @@ def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
 
 @triton.jit
 def _chunk_AT(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
-    """The transposes of _chunk_A (row i of A written as column i)."""
+    """A_qk^T and A_ak^T of _chunk_A (row i of A written as column i): the token pass needs only these two,
+    and here every matrix costs a [C, BK] contraction per row on CUDA cores."""
     o_c = tl.arange(0, BC)
     Seg = tl.zeros_like(k)
     AqkT = tl.zeros([BC, BC], dtype=tl.float32)
-    AqbT = tl.zeros([BC, BC], dtype=tl.float32)
     AakT = tl.zeros([BC, BC], dtype=tl.float32)
-    AabT = tl.zeros([BC, BC], dtype=tl.float32)
     for i in range(BC):
         sel = o_c[:, None] == i
         col = o_c[None, :] == i
@@ -105,10 +104,8 @@ def _chunk_AT(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
         Seg = tl.where(o_c[:, None] < i, Seg + gi, 0.)
         E = tl.where(o_c[:, None] <= i, tl.exp(Seg), 0.)
         AqkT = tl.where(col, tl.expand_dims(tl.sum(qi * k * E, 1), 1), AqkT)
-        AqbT = tl.where(col, tl.expand_dims(tl.sum(qi * b * E, 1), 1), AqbT)
         AakT = tl.where(col, tl.expand_dims(tl.sum(ai * k * Ep, 1), 1), AakT)
-        AabT = tl.where(col, tl.expand_dims(tl.sum(ai * b * Ep, 1), 1), AabT)
-    return AqkT, AqbT, AakT, AabT
+    return AqkT, AakT
 
 
 @triton.jit
@@ -416,7 +413,7 @@ def chunk_dplr_bwd_kernel(
 
     # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel): of the A
     # matrices only A_qk^T and A_ak^T are needed here (for dV)
-    AqkT, AqbT, AakT, AabT = _chunk_AT(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
+    AqkT, AakT = _chunk_AT(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
     AqkT_dt = AqkT.to(tl.float16)
     AakT_dt = AakT.to(tl.float16)
 

@@ -94,20 +94,18 @@ def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
 
 @triton.jit
 def _chunk_AT(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
-    """The transposes A_qk^T, A_qb^T, A_ak^T, A_ab^T, computed directly (no transposed dot result)."""
+    """The transposes A_qk^T and A_ak^T (all the token pass needs), computed directly (no transposed dot
+    result)."""
     o_c = tl.arange(0, BC)
     Qf, Kf, Bf, Af, fq, fk, fa = _factors(q, k, a, b, gam, gamp, BC)
     upp = o_c[:, None] <= o_c[None, :]
     supp = o_c[:, None] < o_c[None, :]
-    AabT = tl.where(supp, _dot(Bf.to(tl.float32), tl.trans(Af.to(tl.float32))), 0.)  # as in _chunk_A
     Qf = Qf.to(tl.float32)
     Kf = Kf.to(tl.float32)
-    Bf = Bf.to(tl.float32)
     Af = Af.to(tl.float32)
     AqkT = tl.where(upp, _dot(Kf, tl.trans(Qf)), 0.)
-    AqbT = tl.where(upp, _dot(Bf, tl.trans(Qf)), 0.)
     AakT = tl.where(supp, _dot(Kf, tl.trans(Af)), 0.)
-    return AqkT, AqbT, AakT, AabT
+    return AqkT, AakT
 
 
 @triton.jit
@@ -400,7 +398,7 @@ def chunk_dplr_bwd_kernel(
 
     # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel): of the A
     # matrices only A_qk^T and A_ak^T are needed here (for dV)
-    AqkT, AqbT, AakT, AabT = _chunk_AT(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
+    AqkT, AakT = _chunk_AT(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
     AqkT_dt = AqkT.to(tl.float16)
     AakT_dt = AakT.to(tl.float16)
 
