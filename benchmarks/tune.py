@@ -96,7 +96,8 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         dev, dtype = cfg["device"], getattr(torch, cfg["dtype"])
         pkg = package_at(cfg["package"])
         row: dict[str, Any] = {"spec": pkg.name, "D": D, "chunk": chunk}
-        name = ops._select(str(pkg.dir), "chunk", dtype, D, D, False, chunk, GATE_BOUND)
+        # the variant the public op runs for RWKV-7 inputs (w in the inputs' dtype)
+        name = ops._select(str(pkg.dir), "chunk", dtype, D, D, False, chunk, GATE_BOUND, dtype)
         info = pkg.variants[name]
         ks = pkg.kernel_set(name, pkg.target_for(torch.device(dev)))
         row["constexprs"] = {k: ks.constexprs(k) for k in (drv.PREP, drv.FWD, drv.BWD_DH, drv.BWD)}

@@ -48,7 +48,7 @@ from dplr_gen.runtime import package_at
 t["import_dplr_gen"] = time.perf_counter()
 B, T, H, D = (int(x) for x in sys.argv[2].split("x"))
 pkg = package_at(sys.argv[1])
-name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, D, D, False, None, -0.61)
+name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, D, D, False, None, -0.61, torch.bfloat16)  # as the op picks
 ks = pkg.kernel_set(name, pkg.target_for(torch.device("cuda")))
 t["load"] = time.perf_counter()
 from dplr_gen.testing import rwkv7_inputs
