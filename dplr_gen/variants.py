@@ -12,47 +12,7 @@ from packaging.version import Version
 from . import quirks as quirk_registry
 from .arch import ArchProfile, get_arch
 from .spec import STAGE_COPIES, STAGES, Knobs, Spec, VariantAxes, when_matches
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One kernel family instance; its name spells out every parameter."""
-
-    op: str
-    dtype: str
-    gate_dtype: str
-    K: int
-    V: int
-    chunk_size: int | None  # None for the fused recurrent op
-    varlen: bool
-    gate_bound: float | None  # None: generic gate
-    state_dtype: str
-    dot_precision: str | None  # only for fp32
-
-    @property
-    def name(self) -> str:
-        parts = [self.op, self.dtype, f"k{self.K}", f"v{self.V}"]
-        if self.chunk_size is not None:
-            parts.append(f"c{self.chunk_size}")
-        parts.append("varlen" if self.varlen else "dense")
-        parts.append("gany" if self.gate_bound is None else f"gb{_fmt_bound(self.gate_bound)}")
-        parts.append(f"g{self.gate_dtype}")
-        parts.append(f"s{self.state_dtype}")
-        if self.dot_precision is not None:
-            parts.append(self.dot_precision)
-        return "_".join(parts)
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "op": self.op, "dtype": self.dtype, "gate_dtype": self.gate_dtype, "K": self.K, "V": self.V,
-            "chunk_size": self.chunk_size, "varlen": self.varlen, "gate_bound": self.gate_bound,
-            "state_dtype": self.state_dtype, "dot_precision": self.dot_precision,
-        }
-
-
-def _fmt_bound(x: float) -> str:
-    # -0.6065 -> "m0p6065": a name-safe spelling that keeps every digit
-    return ("m" if x < 0 else "") + repr(abs(x)).replace(".", "p")
+from .variant import Variant
 
 
 @dataclass(frozen=True)

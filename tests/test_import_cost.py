@@ -38,3 +38,49 @@ def test_eager_use_does_not_import_dynamo(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", CHILD, str(p.out_dir)], env=env, text=True,
                           capture_output=True, timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+LOAD_CHILD = """
+import sys, warnings, torch
+from dplr_gen import ops, triton_compat
+from dplr_gen.runtime import package_at
+pkg = package_at(sys.argv[1])
+assert pkg.index["triton_version"] == str(triton_compat.triton_version()), "rendered for another Triton"
+name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, 64, 64, False, None, -0.61, torch.bfloat16)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # not built on this machine: the JIT fallback
+    pkg.kernel_set(name, "sm_90")
+heavy = sorted(m for m in ("pydantic", "yaml", "jinja2", "dplr_gen.quirks", "dplr_gen.spec") if m in sys.modules)
+assert not heavy, heavy
+print("OK", name)
+"""
+
+
+def test_loading_a_package_built_for_this_triton_skips_the_spec_machinery() -> None:
+    """A process that loads a shipped variant (rendered for the installed Triton) imports neither pydantic nor
+    yaml nor jinja2: the quirk registry is read only for sources rendered for another release (cold start)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO))
+    env.pop("DPLR_GEN_NO_JIT", None)
+    proc = subprocess.run([sys.executable, "-c", LOAD_CHILD, str(REPO / "generated" / "hopper")], env=env,
+                          text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0 and "OK chunk_bf16_k64_v64_c16_dense_gbm0p61_gbf16" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_package_rendered_for_another_triton_consults_the_registry(monkeypatch) -> None:
+    from packaging.version import Version
+
+    from dplr_gen import runtime, triton_compat
+
+    pkg = runtime.package_at(REPO / "generated" / "hopper")
+    name = pkg.variant_names[0]
+    calls: list[str] = []
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(runtime, "_refuse_unavoided_miscompiles", lambda entry, *a: calls.append(entry["unit"]))
+    monkeypatch.setattr(pkg, "_load_aot", lambda module, unit: ({"k": object()}, ""))
+    monkeypatch.setattr(triton_compat, "warm_launchers", lambda ks: None)
+    monkeypatch.setattr(triton_compat, "triton_version", lambda: Version(pkg.index["triton_version"]))
+    pkg._load(name, "sm_90")
+    assert calls == []
+    monkeypatch.setattr(triton_compat, "triton_version", lambda: Version("3.5.1"))
+    pkg._load(name, "sm_90")
+    assert calls == [pkg.index["variants"][name]["targets"]["sm_90"]["unit"]]

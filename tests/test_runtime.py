@@ -112,3 +112,23 @@ def test_per_call_lookups_are_memoised(pkg, monkeypatch: pytest.MonkeyPatch) -> 
     for _ in range(2):  # no such variant: the error every time, nothing cached
         with pytest.raises(ValueError, match="no built variant"):
             ops._select(d, "fused_recurrent", torch.float16, 64, 64, False)
+
+
+def test_dispatcher_answer_is_kept_per_device_and_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dplr_gen.<op> finds its package once per (device, DPLR_GEN_SPEC), not on every call; a failed lookup
+    is not kept (a later build can mend it)."""
+    d = runtime._Dispatcher()
+    listed: list[int] = []
+    real = runtime.all_packages
+    monkeypatch.setattr(runtime, "all_packages", lambda: listed.append(1) or real())
+    monkeypatch.delenv(runtime.SPEC_ENV, raising=False)
+    cpu = torch.device("cpu")
+    first = d.package_for(cpu)
+    assert all(d.package_for(cpu) is first for _ in range(3)) and len(listed) == 1
+    monkeypatch.setenv(runtime.SPEC_ENV, "hopper")
+    assert d.package_for(cpu).name == "hopper" and len(listed) == 2
+    monkeypatch.setenv(runtime.SPEC_ENV, "no_such_spec")
+    for n in (3, 4):
+        with pytest.raises(NotBuiltError, match="no_such_spec"):
+            d.package_for(cpu)
+        assert len(listed) == n
