@@ -82,6 +82,8 @@ class Worker:
         x = self.inputs(shape, seed)
         do, dht = C.grad_outputs(x, seed)
         cu, cu_cpu = C.cu_tensors(shape.lengths, C.SYSTEMS[system].cu_dtype, self.device)
+        if C.SYSTEMS[system].impl == "dplr":  # which variant ran (e.g. gk read in bf16 or in fp32)
+            info = {**info, "variant": C.dplr_variant(C.SYSTEMS[system], self.cfg["package"], x, cu)}
         xl = C.leaves(x)
         C.sync(self.device)
         t2 = time.perf_counter()

@@ -221,6 +221,17 @@ def load_op(system: System, package: str | Path) -> tuple[Op, dict[str, Any]]:
     return op, info
 
 
+def dplr_variant(system: System, package: str | Path, x: Mapping[str, Any], cu: Any = None) -> str:
+    """The variant dplr-gen's chunk_rwkv7 runs for these inputs (the op's own choice, for the record)."""
+    from dplr_gen import ops
+    from dplr_gen.runtime import package_at
+
+    kw = dict(system.kwargs)
+    r, v = x["r"], x["v"]
+    return ops._select(str(package_at(package).dir), "chunk", r.dtype, r.shape[-1], v.shape[-1], cu is not None,
+                       kw.get("chunk_size"), kw.get("lower_bound"), x["w"].dtype)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # shapes and inputs
 

@@ -364,3 +364,13 @@ def test_gpu_check_wide_case_builds_its_package_first() -> None:
     assert "fla" not in rows[("table:D256", "dplr-fast")]["cells"]["o"][2]
     assert rows[("table:D256", "dplr-generic")]["status"] == "FAIL"  # not run
     assert "FAIL build:D256 dplr-gen" in g.render(list(rows.values()))
+
+
+def test_dplr_variant_is_the_ops_choice() -> None:
+    """The bench records which variant dplr-gen ran: for RWKV-7 inputs with w in bf16, the one reading gk in bf16."""
+    x = {n: torch.zeros(1, 16, 1, 64, dtype=torch.bfloat16) for n in ("r", "w", "k", "v", "a", "b")}
+    pkg = REPO / "generated" / "hopper"
+    name = C.dplr_variant(C.SYSTEMS["dplr-fast"], pkg, x)
+    assert name == "chunk_bf16_k64_v64_c16_dense_gbm0p61_gbf16_sfp32"
+    x["w"] = x["w"].float()
+    assert C.dplr_variant(C.SYSTEMS["dplr-fast"], pkg, x, cu=torch.tensor([0, 16])).endswith("varlen_gbm0p61_gfp32_sfp32")
