@@ -31,21 +31,16 @@ INFO = {
 }
 
 
-def ptxas_path(arch: int) -> Path:
-    import triton
-
-    bin_dir = Path(triton.__file__).resolve().parent / "backends" / "nvidia" / "bin"
-    return bin_dir / ("ptxas-blackwell" if arch >= 100 and (bin_dir / "ptxas-blackwell").exists() else "ptxas")
-
-
 def ptxas_info(ptx: str, arch: int) -> dict[str, int]:
-    """ptxas -v on one PTX text: registers, spill stores/loads and stack frame in bytes per thread."""
-    suffix = "a" if arch in (90, 100) else ""
+    """ptxas -v on one PTX text, as Triton's compiler calls it (its ptxas and target name): registers, spill
+    stores/loads and stack frame in bytes per thread."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
-        proc = subprocess.run([str(ptxas_path(arch)), "-lineinfo", "-v", f"--gpu-name=sm_{arch}{suffix}", str(src),
-                               "-o", str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
+        proc = subprocess.run([get_ptxas(arch).path, "-lineinfo", "-v", f"--gpu-name={sm_arch_from_capability(arch)}",
+                               str(src), "-o", str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"ptxas failed: {proc.stderr.strip()[-2000:]}")
     out: dict[str, int] = {}

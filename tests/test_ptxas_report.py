@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,7 +58,7 @@ def test_report_reads_every_kernel_of_a_built_package(tmp_path: Path, monkeypatc
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ptxas_report.py"), str(tmp_path / "gen" / "regs4"),
                            "--match", "sm_90", "--json", str(out)], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [r["unit"].endswith("sm_90") for r in json.loads(out.read_text())["rows"]] == [True]
 
