@@ -227,9 +227,8 @@ def dplr_variant(system: System, package: str | Path, x: Mapping[str, Any], cu: 
     from dplr_gen.runtime import package_at
 
     kw = dict(system.kwargs)
-    r, v = x["r"], x["v"]
-    return ops._select(str(package_at(package).dir), "chunk", r.dtype, r.shape[-1], v.shape[-1], cu is not None,
-                       kw.get("chunk_size"), kw.get("lower_bound"), x["w"].dtype)
+    return ops.variant_for(package_at(package), "chunk", x["r"], x["v"], x["w"], cu, kw.get("chunk_size"),
+                           kw.get("lower_bound"))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -185,6 +185,16 @@ def _select_cached(
     return min(safe, key=rank)[0]
 
 
+def variant_for(
+    package: "SpecPackage", op: str, q: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
+    cu_seqlens: torch.Tensor | None = None, chunk_size: int | None = None, lower_bound: float | None = None,
+) -> str:
+    """The variant the public op runs for these (checked) inputs: q's dtype and head dim, v's head dim, varlen
+    or not, gk's dtype, and the keywords."""
+    return _select(str(package.dir), op, q.dtype, q.shape[-1], v.shape[-1], cu_seqlens is not None, chunk_size,
+                   lower_bound, gk.dtype)
+
+
 @functools.cache
 def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
     """(kernel set, variant) for a device, memoised: at small shapes the host work of a call is what the GPU
@@ -346,8 +356,7 @@ def _run(
     if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and lower_bound < 0):
         raise ValueError(f"lower_bound must be a negative float (a promise that gk >= lower_bound) or None, got {lower_bound!r}")
     q, k, v, a, b, g = tensors
-    variant = _select(str(package.dir), op, q.dtype, info["K"], info["V"], cu_seqlens is not None, chunk_size,
-                      lower_bound, g.dtype)
+    variant = variant_for(package, op, q, v, g, cu_seqlens, chunk_size, lower_bound)
     var = package.variants[variant]
     g = g.to(TORCH_DTYPES[var.gate_dtype])
     if initial_state is None:
