@@ -374,3 +374,12 @@ def test_dplr_variant_is_the_ops_choice() -> None:
     assert name == "chunk_bf16_k64_v64_c16_dense_gbm0p61_gbf16_sfp32"
     x["w"] = x["w"].float()
     assert C.dplr_variant(C.SYSTEMS["dplr-fast"], pkg, x, cu=torch.tensor([0, 16])).endswith("varlen_gbm0p61_gfp32_sfp32")
+
+
+def test_load_cpu_names_an_unbuilt_package(tmp_path: Path) -> None:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "load_cpu.py"), "--package", str(tmp_path),
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--package" in proc.stderr and "no manifest.json" in proc.stderr, proc.stderr
+    assert not list(tmp_path.glob("load_cpu_*.json"))
