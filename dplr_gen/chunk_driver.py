@@ -222,17 +222,16 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
                           dr: torch.Tensor, dv_over_dr: bool = False, dq_over_u: bool = False,
                           ) -> tuple[torch.Tensor, ...]:
     """The chunk-parallel pass: (dq, dk, dv, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR.
-    ``dv_over_dr``: dv is written over dR (same shape and dtype); ``dq_over_u``: dq over U (K = V only, and
-    only where U is this backward's scratch): a [B, T, H, V] buffer less each at the peak of the backward.
+    ``dv_over_dr``: dv is written over dR (same shape and dtype); ``dq_over_u``: dq over U where U has dq's
+    shape and dtype (K = V; pass it only where U is this backward's scratch): a [B, T, H, V] buffer less each
+    at the peak of the backward.
     Safe: each program reads the dR and U rows of its (chunk, head) before it writes dv and dq at the same
     elements (dv per V tile, after that tile's loads; dq after the V loop), and no other program touches them."""
     q, k, v_, a, b, gk = (saved[n] for n in ("q", "k", "v", "a", "b", "gk"))
     scale, cu_seqlens, n_slots = saved["scale"], saved["cu_seqlens"], saved["n_slots"]
     _, T, H, _ = q.shape
     dev = q.device
-    if dq_over_u and (u.shape != q.shape or u.dtype != q.dtype):
-        raise ValueError(f"dq cannot be written over U: U is {tuple(u.shape)} {u.dtype}, q {tuple(q.shape)} {q.dtype}")
-    dq = u if dq_over_u else _empty(q.shape, q.dtype, dev)
+    dq = u if dq_over_u and u.shape == q.shape and u.dtype == q.dtype else _empty(q.shape, q.dtype, dev)
     dk = _empty(k.shape, k.dtype, dev)
     dv = dr if dv_over_dr else _empty(v_.shape, v_.dtype, dev)
     da = _empty(a.shape, a.dtype, dev)
@@ -257,4 +256,4 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     del pr
     return (*chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dv_over_dr=True,
-                                   dq_over_u=recomputed and u.shape == q.shape), dh0)
+                                   dq_over_u=recomputed), dh0)

@@ -134,10 +134,10 @@ def _select(
     return _select_cached(pkg_dir, op, dtype, K, V, varlen, chunk_size, lower_bound, gate_dtype)
 
 
-def _gate_fits(variant_gate: str, gate_dtype: torch.dtype | None) -> bool:
+def _gate_fits(variant_gate: str, gate_name: str | None) -> bool:
     """An fp32-gate variant takes gk of any dtype (converted to fp32: exact from bf16/fp16); a variant that
     reads gk in the input dtype takes only gk already in that dtype (converting into it would round)."""
-    return variant_gate == "fp32" or (gate_dtype is not None and DTYPE_NAMES.get(gate_dtype) == variant_gate)
+    return variant_gate == "fp32" or variant_gate == gate_name
 
 
 @functools.cache  # apart from _select: Dynamo reads its constant marker off a plain function
@@ -149,18 +149,18 @@ def _select_cached(
 
     package = package_at(pkg_dir)
     dname = DTYPE_NAMES[dtype]
+    gname = None if gate_dtype is None else DTYPE_NAMES.get(gate_dtype, str(gate_dtype))
     same = [
         (n, v) for n, v in package.variants.items()
         if v.op == op and v.dtype == dname and v.K == K and v.V == V and v.varlen == varlen
-        and _gate_fits(v.gate_dtype, gate_dtype)
+        and _gate_fits(v.gate_dtype, gname)
     ]
     # a variant built for bound L is safe for every gate >= L, so it serves a promise lower_bound >= L
     safe = [(n, v) for n, v in same if v.gate_bound is None or (lower_bound is not None and v.gate_bound <= lower_bound)]
     if not safe:
         have = sorted({f"{v.op} {v.dtype} K={v.K} V={v.V} {'varlen' if v.varlen else 'dense'} gk {v.gate_dtype}"
                        + ("" if v.gate_bound is None else f" gate>={v.gate_bound}") for v in package.variants.values()})
-        gname = "" if gate_dtype is None else f" gk {DTYPE_NAMES.get(gate_dtype, gate_dtype)}"
-        want = f"{op} {dname} K={K} V={V} {'varlen' if varlen else 'dense'}{gname}"
+        want = f"{op} {dname} K={K} V={V} {'varlen' if varlen else 'dense'}" + ("" if gname is None else f" gk {gname}")
         extra = "" if lower_bound is None else f" with gates >= {lower_bound}"
         raise ValueError(
             f"no built variant of spec {package.name!r} ({package.spec_file}) computes {want}{extra}. Built: "
@@ -176,7 +176,7 @@ def _select_cached(
             # gk read as it arrives: no conversion kernel before the forward (and after the backward), fewer
             # bytes in every kernel that loads it; the same results (bf16/fp16 -> fp32 is exact, and dgk is
             # rounded to gk's dtype once either way)
-            0 if gate_dtype is not None and v.gate_dtype == DTYPE_NAMES.get(gate_dtype) else 1,
+            0 if v.gate_dtype == gname else 1,
             0 if chunk_size is None or v.chunk_size == chunk_size else 1,  # chunk_size only changes rounding
             0 if v.dot_precision in (None, "ieee") else 1,
             n,
