@@ -4,9 +4,11 @@ No autograd and no validation here: inputs arrive contiguous, in the variant's d
 through a kernel set ``ks`` (``ks.<kernel>[grid](*runtime_args)``, ``ks.constexprs(<kernel>)``), which adds the
 constexpr arguments and launch options of the variant. Nothing here synchronises with the device.
 
-Chunk slots (where the per-chunk states live): dense, sequence n owns slots n*NT .. n*NT+NT-1
+Chunk slots (where the per-chunk values live): dense, sequence n owns slots n*NT .. n*NT+NT-1
 (NT = ceil(T / C)); varlen, the chunk starting at token s of sequence n owns slot s // C + n, which is unique
-and below T_total // C + N, so every buffer is sized without reading cu_seqlens on the host.
+and below T_total // C + N, so every buffer is sized without reading cu_seqlens on the host. The token pass
+may walk longer chunks (TC, its kernel's BC) than the prep and the state passes (C); the chunk-boundary states
+h and dh are kept only where its chunks start and end, in slots of TC tokens.
 """
 
 from __future__ import annotations
@@ -45,14 +47,18 @@ def boundary_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
 
 
-def _layout(v, q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[int, int]:
-    """(number of sequences N, number of chunk slots)."""
+def _layout(C: int, q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[int, int]:
+    """(number of sequences N, number of slots of C-token chunks)."""
     B, T = q.shape[0], q.shape[1]
-    C = v.chunk_size
     if cu_seqlens is None:
         return B, B * _cdiv(T, C)
     N = cu_seqlens.numel() - 1
     return N, T // C + N
+
+
+def token_chunk(ks) -> int:
+    """The token pass's chunk (TC): the variant's chunk size or a multiple of it (knob chunk.bwd.chunk)."""
+    return ks.constexprs(BWD)["BC"]
 
 
 def chunk_map_from_cu_seqlens(cu_seqlens: torch.Tensor, C: int, n_slots: int) -> torch.Tensor:
@@ -142,21 +148,21 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
 def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True):
     """Returns (o, final_state [N, H, K, V] fp32, saved): the chunk-parallel prep (A matrices,
     (I - A_ab)^-1 and its products), then the sequential state pass, which also writes O and, if
-    ``keep_states``, the state entering every chunk (``h``, [slots, H, K, V]) and U (as v) into ``saved``
-    for the backward (else ``saved`` holds no states and the backward recomputes them)."""
+    ``keep_states``, the state entering every token-pass chunk (``h``, see ``states_shape``) and U (as v)
+    into ``saved`` for the backward (else ``saved`` holds no states and the backward recomputes them)."""
     B, T, H, K = q.shape
     V = v_.shape[-1]
-    N, n_slots = _layout(v, q, cu_seqlens)
     dev = q.device
     o = _empty((B, T, H, V), v_.dtype, dev)
-    ht = _empty((N, H, K, V), torch.float32, dev)
     if keep_states:
-        h = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
+        h = _empty(states_shape(ks, v, q, V, cu_seqlens), boundary_dtype(q), dev)
         u = _empty(v_.shape, v_.dtype, dev)
     else:  # never written (the kernel's stores are masked off): one element each for a valid pointer
         h, u = _empty((1,), boundary_dtype(q), dev), _empty((1,), v_.dtype, dev)
-    saved = saved_for_backward(v, q, k, v_, a, b, gk, initial_state, (h, u) if keep_states else None, scale,
-                               cu_seqlens)
+    saved = saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, (h, u) if keep_states else None,
+                               scale, cu_seqlens)
+    N, n_slots = saved["N"], saved["n_slots"]
+    ht = _empty((N, H, K, V), torch.float32, dev)
     pr = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
     getattr(ks, name)[(N * H, _cdiv(V, bv))](
@@ -165,30 +171,36 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     return o, ht, saved
 
 
-def states_shape(v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) -> tuple[int, int, int, int]:
-    """Shape of the chunk-start states ``h`` the forward writes: [slots, H, K, V]."""
-    return (_layout(v, q, cu_seqlens)[1], q.shape[2], q.shape[3], V)
+def states_shape(ks, v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """Shape of the chunk-boundary states ``h`` (and ``dh``): [slots of the token pass's chunks, H, K, V]."""
+    return (_layout(token_chunk(ks), q, cu_seqlens)[1], q.shape[2], q.shape[3], V)
 
 
-def saved_for_backward(v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens) -> dict:
+def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens) -> dict:
     """What the backward needs: the inputs, the initial state and ``states`` = (the chunk-start states
-    ``h``, U) from the forward, or None: the backward then recomputes them (no O). Varlen: the slot map of
-    the chunk-parallel kernels, built once here."""
-    N, n_slots = _layout(v, q, cu_seqlens)
-    chunk_map = None if cu_seqlens is None else chunk_map_from_cu_seqlens(cu_seqlens, v.chunk_size, n_slots)
+    ``h``, U) from the forward, or None: the backward then recomputes them (no O). Varlen: the slot maps of
+    the chunk-parallel kernels (C-token chunks; the token pass's TC-token chunks), built once here."""
+    C, TC = v.chunk_size, token_chunk(ks)
+    N, n_slots = _layout(C, q, cu_seqlens)
+    n_tslots = _layout(TC, q, cu_seqlens)[1]
+    chunk_map = tchunk_map = None
+    if cu_seqlens is not None:
+        chunk_map = chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
+        tchunk_map = chunk_map if TC == C else chunk_map_from_cu_seqlens(cu_seqlens, TC, n_tslots)
     return {
         "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h0": initial_state, "states": states,
         "scale": float(scale), "cu_seqlens": cu_seqlens, "chunk_map": chunk_map, "N": N, "n_slots": n_slots,
+        "TC": TC, "tchunk_map": tchunk_map, "n_tslots": n_tslots,
     }
 
 
 def chunk_states(ks, v, saved, pr: Prep) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunk-start states ``h`` [slots, H, K, V] and U again, from the prep's W, M and scaled operands
-    (no O)."""
+    """The token pass's chunk-start states ``h`` [its slots, H, K, V] and U again, from the prep's W, M and
+    scaled operands (no O)."""
     k, v_, h0, cu_seqlens = (saved[n] for n in ("k", "v", "h0", "cu_seqlens"))
     _, T, H, K = k.shape
     V = v_.shape[-1]
-    h = _empty((saved["n_slots"], H, K, V), boundary_dtype(k), k.device)
+    h = _empty((saved["n_tslots"], H, K, V), boundary_dtype(k), k.device)
     ht = _empty((saved["N"], H, K, V), torch.float32, k.device)
     u = _empty(v_.shape, v_.dtype, k.device)
     name, bv = _pass_kernel(ks, FWD_H, saved["N"] * H, V, k.device)
@@ -199,17 +211,17 @@ def chunk_states(ks, v, saved, pr: Prep) -> tuple[torch.Tensor, torch.Tensor]:
 
 def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor,
                       dht: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reverse pass (with the backward prep's Y, P and scaled operands): dS at the end of every chunk
-    (``dh`` [slots, H, K, V]), dR (as v) and d(initial state) (fp32)."""
+    """The reverse pass (with the backward prep's Y, P and scaled operands): dS at the end of every token-pass
+    chunk (``dh`` [its slots, H, K, V]), dR (as v) and d(initial state) (fp32)."""
     q = saved["q"]
-    scale, cu_seqlens, N, n_slots = saved["scale"], saved["cu_seqlens"], saved["N"], saved["n_slots"]
+    scale, cu_seqlens, N = saved["scale"], saved["cu_seqlens"], saved["N"]
     _, T, H, K = q.shape
     V = saved["v"].shape[-1]
     dev = q.device
     if dht is None:
         dht = torch.zeros((N, H, K, V), dtype=torch.float32, device=dev)
     dht = dht.to(torch.float32).contiguous()
-    dh = _empty((n_slots, H, K, V), boundary_dtype(q), dev)
+    dh = _empty((saved["n_tslots"], H, K, V), boundary_dtype(q), dev)
     dh0 = _empty((N, H, K, V), torch.float32, dev)
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
     name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
@@ -228,7 +240,7 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
     Safe: each program reads the dR and U rows of its (chunk, head) before it writes dv and dq at the same
     elements (dv per V tile, after that tile's loads; dq after the V loop), and no other program touches them."""
     q, k, v_, a, b, gk = (saved[n] for n in ("q", "k", "v", "a", "b", "gk"))
-    scale, cu_seqlens, n_slots = saved["scale"], saved["cu_seqlens"], saved["n_slots"]
+    scale, cu_seqlens, n_tslots = saved["scale"], saved["cu_seqlens"], saved["n_tslots"]
     _, T, H, _ = q.shape
     dev = q.device
     dq = u if dq_over_u and u.shape == q.shape and u.dtype == q.dtype else _empty(q.shape, q.dtype, dev)
@@ -237,9 +249,9 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(b.shape, b.dtype, dev)
     dg = _empty(gk.shape, gk.dtype, dev)
-    getattr(ks, BWD)[(n_slots * H,)](
+    getattr(ks, BWD)[(n_tslots * H,)](
         q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, dv, da, db, dg,
-        *_cu_map(cu_seqlens, saved["chunk_map"], v.chunk_size, n_slots), scale, T, H)
+        *_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), scale, T, H)
     return dq, dk, dv, da, db, dg
 
 

@@ -236,7 +236,7 @@ def _chunk_bwd_impl(
 
     ks, var = _kernels(pkg, variant, q.device)
     kept = (h, u) if h is not None and h.numel() > 0 and u is not None else None
-    saved = chunk_driver.saved_for_backward(var, q, k, v, a, b, gk, h0, kept, scale, cu_seqlens)
+    saved = chunk_driver.saved_for_backward(ks, var, q, k, v, a, b, gk, h0, kept, scale, cu_seqlens)
     return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
 
 
@@ -278,10 +278,10 @@ def _fused_fwd_fake(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # 
 @_chunk_fwd.register_fake
 def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, keep_states):  # type: ignore[no-untyped-def]
     from . import chunk_driver
-    from .runtime import package_at
 
-    var = package_at(pkg).variants[variant]
-    shape = chunk_driver.states_shape(var, q, v.shape[-1], cu_seqlens) if keep_states else (0,)
+    # the kernel set knows the token pass's chunk, which sizes h
+    ks, var = _kernels(pkg, variant, q.device)
+    shape = chunk_driver.states_shape(ks, var, q, v.shape[-1], cu_seqlens) if keep_states else (0,)
     u = v.new_empty(v.shape if keep_states else (0,))
     h = h0.new_empty(shape, dtype=chunk_driver.boundary_dtype(q))
     return v.new_empty(v.shape), h0.new_empty(h0.shape), h, u

@@ -32,6 +32,9 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 }
 
 
+# Stages whose kernels may walk longer chunks than the variant's (knob `chunk`): the chunk backward's token pass.
+CHUNK_KNOB_STAGES = ("chunk.bwd",)
+
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
 # variant_tuning rules and the quirk registry's entries.
 VARIANT_KEYS = frozenset(
@@ -69,6 +72,10 @@ class Knobs(_Strict):
     block_v: int | None = Field(None, ge=16, le=256)
     num_warps: Literal[1, 2, 4, 8, 16] | None = None
     num_stages: int | None = Field(None, ge=1, le=8)
+    # stage chunk.bwd only: the token pass walks chunks of this many tokens (at least the variant's chunk size;
+    # the state passes then store every (chunk / chunk_size)-th boundary state). Not 64: the registry's chunk-64
+    # entries key on the variant's chunk size, so a chunk-64 token pass would escape them.
+    chunk: Literal[16, 32] | None = None
 
     @field_validator("block_k", "block_v")
     @classmethod
@@ -140,9 +147,11 @@ class Spec(_Strict):
             (f"target_tuning.{t}", tab) for t, tab in self.target_tuning.items()
         ] + [(f"variant_tuning.{i}.tuning", r.tuning) for i, r in enumerate(self.variant_tuning)]
         for where, table in tables:
-            for key in table:
+            for key, knobs in table.items():
                 if key not in known:
                     raise ValueError(f"{where}: unknown stage {key!r}; stages are {', '.join(known)}")
+                if knobs.chunk is not None and key not in CHUNK_KNOB_STAGES:
+                    raise ValueError(f"{where}.{key}.chunk: only {', '.join(CHUNK_KNOB_STAGES)} take a chunk knob")
         for t in self.target_tuning:
             if t not in self.targets:
                 raise ValueError(f"target_tuning names {t!r}, which is not in targets {self.targets}")

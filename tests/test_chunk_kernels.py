@@ -87,8 +87,9 @@ def make_variant(dtype="fp32", K=32, V=None, chunk_size=16, varlen=False, gate_b
 ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template's default tiles are the widest
 
 
-def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1):
-    return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None):
+    return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
+                           chunk=chunk)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
@@ -356,6 +357,38 @@ def test_small_grid_choice(monkeypatch):
     plain = load(make_variant("fp32", K=32, V=48))
     assert chunk_driver._pass_kernel(plain, chunk_driver.FWD_H, 1, 48, gpu) == (
         chunk_driver.FWD_H, plain.constexprs(chunk_driver.FWD_H)["BV"])
+
+
+def _token_chunk_knobs(tc, block_v=None):
+    return {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_v=block_v, chunk=tc)}
+
+
+@pytest.mark.parametrize("dtype,C,TC,gate_bound,kw", [
+    ("fp32", 16, 32, -0.6065, {"B": 2, "T": 75}),
+    ("fp16", 16, 64, -0.6065, {"B": 1, "T": 150}),
+    ("fp32", 16, 32, -0.6065, {"lens": [1, 15, 16, 17, 33, 64, 47]}),
+    ("fp32", 32, 64, None, {"lens": [5, 31, 64, 70]}),
+], ids=["dense-32", "dense-64-fp16", "varlen-32", "varlen-64-anygate"])
+def test_token_pass_longer_chunks(dtype, C, TC, gate_bound, kw):
+    """Knob chunk.bwd.chunk: the token pass walks TC-token chunks over the C-chunk passes' U and dR, the states
+    kept only at TC boundaries (varlen: sequence ends inside a TC chunk, sequences shorter than C)."""
+    v = make_variant(dtype, K=32, V=32, chunk_size=C, varlen="lens" in kw, gate_bound=gate_bound)
+    tune = _token_chunk_knobs(TC, block_v=16)
+    mod = load(v, tune).m
+    assert mod.CONSTEXPRS[chunk_driver.BWD]["BC"] == TC and mod.CONSTEXPRS[chunk_driver.FWD]["BC"] == C
+    check(run_case(v, H=2, tune=tune, extreme=gate_bound is None, **kw), TOL[dtype])
+
+
+def test_token_pass_chunk_sizes_the_states():
+    """h and dh hold one state per TC-token chunk: TC / C times fewer than per C-token chunk."""
+    v = make_variant("fp32", K=16, V=16, chunk_size=16)
+    x = rwkv7_inputs(2, 70, 1, 16, 16)
+    for tc, n in ((16, 2 * 5), (32, 2 * 3), (64, 2 * 2)):
+        ks = load(v, _token_chunk_knobs(tc))
+        assert chunk_driver.token_chunk(ks) == tc
+        assert chunk_driver.states_shape(ks, v, x["q"], 16, None) == (n, 1, 16, 16)
+        cu = torch.tensor([0, 10, 70, 140], dtype=torch.int32)
+        assert chunk_driver.states_shape(ks, v, x["q"].reshape(1, 140, 1, 16), 16, cu)[0] == 140 // tc + 3
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

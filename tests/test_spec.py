@@ -153,6 +153,10 @@ def test_quirk_caps_win_over_variant_tuning(tmp_path: Path) -> None:
         ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
          "variant_tuning: [{when: {target: [sm_90]}, tuning: {chunk.bwd: {block_v: 16}}}]\n",
          "not in targets"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "tuning: {chunk.fwd: {chunk: 32}}\n", "tuning.chunk.fwd.chunk: only chunk.bwd"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "tuning: {chunk.bwd: {chunk: 64}}\n", "tuning.chunk.bwd.chunk"),
     ],
 )
 def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None:
@@ -197,3 +201,23 @@ def test_shipped_hopper_small_grid_passes_capped_under_triton_3_1() -> None:
                  and u.variant.gate_bound is not None and u.variant.varlen == varlen)
         assert (u.tune["fwd_small"].num_warps, u.tune["bwd_dh_small"].num_warps) == (warps, warps), (version, varlen)
         assert ("hopper-small-grid-passes-segv-triton-3-1" in u.quirks) == (warps == 2)
+
+
+def test_token_pass_chunk_knob_reaches_the_rendered_kernels(tmp_path: Path) -> None:
+    """chunk.bwd.chunk sets the token pass's BC (never below the variant's chunk), and only its."""
+    from dplr_gen.render import render_unit
+
+    text = GOOD + "tuning:\n  chunk.bwd: {chunk: 32}\n"
+    units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
+    seen = set()
+    for u in units:
+        if u.variant.op != "chunk" or u.target != "sm_80" or u.variant.dtype != "bf16" or u.variant.K != 64:
+            continue
+        assert u.tune["bwd"].chunk == 32
+        ns: dict = {}
+        exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102 - our own rendered source
+        C = u.variant.chunk_size
+        assert ns["CONSTEXPRS"]["chunk_dplr_bwd_kernel"]["BC"] == max(32, C)
+        assert all(ns["CONSTEXPRS"][k]["BC"] == C for k in ns["CONSTEXPRS"] if k != "chunk_dplr_bwd_kernel")
+        seen.add(C)
+    assert seen == {16, 64}

@@ -12,14 +12,16 @@
 #   chunk_dplr_bwd_dh_kernel  one program per (sequence * head, V-block): walks the chunks backwards with
 #                             dS[K, BV] on chip (the reverse pass is itself a DPLR recurrence); writes the
 #                             gradient reaching each chunk's end state, dR = (I - A_ab)^-T dU, d(initial state).
-#   chunk_dplr_bwd_kernel     one program per (chunk * head): every per-token gradient of one chunk, from the
-#                             chunk-start state and U of the forward, and dS of the chunk end and dR.
+#   chunk_dplr_bwd_kernel     one program per (chunk * head; its chunks may be longer, knob chunk.bwd.chunk):
+#                             every per-token gradient of one chunk, from the chunk-start state and U of
+#                             the forward, and dS of the chunk end and dR.
 #   *_small_kernel            (where the spec tunes fwd_small / bwd_dh_small) the state passes again with other
 #                             tiles and warps, for grids smaller than the device.
 import triton
 import triton.language as tl
 
 # variant: dtype=fp16 gate_dtype=fp16 K=128 V=128 chunk=16 varlen=False
+# token pass: chunks of 16 tokens (the state passes store every 1-th boundary state)
 # gate mode: bounded, factored exponents re-centred at row C/2-1, gk clamped to >= -0.61
 # dot operands: tl.float16 (chained), tl.float32 (gate-factored); fp32 dots use input_precision="tf32"
 
@@ -30,6 +32,19 @@ PREC = tl.constexpr("tf32")
 @triton.jit
 def _dot(x, y):
     return tl.dot(x, y, input_precision=PREC)
+
+
+@triton.jit
+def _dot_acc(x, y, acc):
+    """acc + x y, accumulated inside the dot: a sum of separate dot results may give them two MMA layouts and
+    a conversion between them, which sm_90 cannot do; one accumulator keeps one layout."""
+    return tl.dot(x, y, acc=acc, input_precision=PREC)
+
+
+@triton.jit
+def _dot2(x1, y1, x2, y2):
+    """x1 y1 + x2 y2 (see _dot_acc)."""
+    return _dot_acc(x2, y2, _dot(x1, y1))
 
 
 @triton.jit
@@ -120,11 +135,11 @@ def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexp
     dAqb = dAqb.to(tl.float32)
     dAak = dAak.to(tl.float32)
     dAab = dAab.to(tl.float32)
-    dQf = _dot(dAqk, Kf) + _dot(dAqb, Bf)
-    dAf = _dot(dAak, Kf) + _dot(dAab, Bf)
+    dQf = _dot2(dAqk, Kf, dAqb, Bf)
+    dAf = _dot2(dAak, Kf, dAab, Bf)
     # dK~ and dB~ come out transposed ([BK, BC]) so that no transposed dot result feeds a dot
-    dKf = tl.trans(_dot(tl.trans(Qf), dAqk) + _dot(tl.trans(Af), dAak))
-    dBf = tl.trans(_dot(tl.trans(Qf), dAqb) + _dot(tl.trans(Af), dAab))
+    dKf = tl.trans(_dot2(tl.trans(Qf), dAqk, tl.trans(Af), dAak))
+    dBf = tl.trans(_dot2(tl.trans(Qf), dAqb, tl.trans(Af), dAab))
     # the gate-gradient terms q*dq - k*dk - ... are formed from the very (rounded) operands the dots used, so the
     # +T / -T pair of every A-matrix term cancels exactly in the reverse cumsum
     xa = Af.to(tl.float32) * dAf
@@ -247,12 +262,14 @@ def _state_pass(
 ):
     """The sequential part of the forward over one (sequence * head, V-block): per chunk, store the state
     entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both) unless
-    store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state."""
+    store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state. The
+    states go to the token pass's chunk slots (16 tokens): every 1-th chunk's."""
     i_nh = tl.program_id(0)  # N * H on grid axis 0 (axes 1/2 stop at 65535)
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, L, slot0 = _sequence(i_n, T, BC)
+    hslot0 = _sequence(i_n, T, 16)[2]
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -270,7 +287,8 @@ def _state_pass(
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
-        tl.store(h + p_s * K * V + o_kv, S.to(h.dtype.element_ty), mask=m_kv & keep)
+        p_h = (hslot0 + i_t // 1) * H + i_h
+        tl.store(h + p_h * K * V + o_kv, S.to(h.dtype.element_ty), mask=m_kv & keep & (i_t % 1 == 0))
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_v = tl.load(v + p_y, mask=m_y, other=0.).to(tl.float16)
@@ -321,13 +339,15 @@ def _reverse_pass(
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
-    per chunk it stores dS (the gradient reaching the chunk's end state) and dR (chunk_dplr_prep_bwd_kernel's
-    Y and P), then steps dS to the chunk start; finally d(initial state)."""
+    per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P) and, at the end of each of the token pass's
+    chunks (16 tokens), dS (the gradient reaching that end state), then steps dS to the chunk start;
+    finally d(initial state)."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, L, slot0 = _sequence(i_n, T, BC)
+    hslot0 = _sequence(i_n, T, 16)[2]
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -344,8 +364,10 @@ def _reverse_pass(
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
-        # dS: the gradient reaching this chunk's end state
-        tl.store(dh + p_s * K * V + o_kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+        # dS: the gradient reaching this chunk's end state, where a token-pass chunk ends
+        p_h = (hslot0 + i_t // 1) * H + i_h
+        tl.store(dh + p_h * K * V + o_kv, dS.to(dh.dtype.element_ty),
+                 mask=m_kv & ((i_t % 1 == 0) | (i_t == NT - 1)))
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.float16)
@@ -432,17 +454,18 @@ def chunk_dplr_bwd_kernel(
         UT = tl.load(u + p_yT, mask=m_yT, other=0.)
         dR = tl.load(dr + p_y, mask=m_y, other=0.)
 
-        b_dv = scale * _dot(AqkT_dt, b_do) + _dot(Kw, dS.to(tl.float16)) + _dot(AakT_dt, dR)
+        # every product accumulated onto the last: one MMA layout per sum (_dot_acc)
+        b_dv = _dot_acc(AakT_dt, dR, _dot_acc(Kw, dS.to(tl.float16), scale * _dot(AqkT_dt, b_do)))
         tl.store(dv + p_y, b_dv.to(dv.dtype.element_ty), mask=m_y)
 
-        dAqk += _dot(b_do, b_vT)
-        dAqb += _dot(b_do, UT)
-        dAak += _dot(dR, b_vT)
-        dAab += _dot(dR, UT)
-        dQw += _dot(b_do, S0T)
-        dAw += _dot(dR, S0T)
-        dKw += _dot(b_v, dST)
-        dBw += _dot(U, dST)
+        dAqk = _dot_acc(b_do, b_vT, dAqk)
+        dAqb = _dot_acc(b_do, UT, dAqb)
+        dAak = _dot_acc(dR, b_vT, dAak)
+        dAab = _dot_acc(dR, UT, dAab)
+        dQw = _dot_acc(b_do, S0T, dQw)
+        dAw = _dot_acc(dR, S0T, dAw)
+        dKw = _dot_acc(b_v, dST, dKw)
+        dBw = _dot_acc(U, dST, dBw)
         dgS += tl.sum(dS * S0, 1)
 
     # gradient of gamma_C through S_C = e^gamma_C S0 + (B e^(gamma_C-gamma))^T U + (K e^(gamma_C-gamma))^T V:
