@@ -15,7 +15,9 @@ Per (shape, system), bf16, RWKV-7 inputs with a random initial state, output_fin
 Accuracy: B=1, T=512, H=2, D=64, relative-norm error of o, ht and every gradient vs the float64 reference.
 Cold start (--cold): a fresh process (empty TRITON_CACHE_DIR; DPLR_GEN_NO_JIT=1 for dplr-gen) that imports,
 builds inputs, runs the first fwd+bwd and exits, wall clock; fla gets --cold-timeout seconds (default 240).
-Writes $OUT/bench_<date>.json (again after every worker) and $OUT/bench_<date>.png.
+Writes $OUT/bench_<date>.json (again after every worker) and $OUT/bench_<date>.png. fla autotunes its kernels
+on first use (5-10 minutes a shape on an H100); scripts/run_gpu.sh restores its choices from an earlier run on
+the same machine type (benchmarks/fla_autotune/), recorded in the JSON's config.fla_autotune_seed.
 --device cpu (TRITON_INTERPRET=1) or --dry-run runs the same control flow on tiny fp32 shapes.
 """
 
@@ -312,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     package = C.dry_run_package() if dry else args.package
     cfg = {"device": device, "dtype": "float32" if dry else "bfloat16", "package": package, "dry_run": dry,
            "warmup": 10 if args.quick else 25, "rep": 30 if args.quick else 100,
-           "cache_dir": tempfile.mkdtemp(prefix="dplr-bench-")}
+           "cache_dir": tempfile.mkdtemp(prefix="dplr-bench-"),
+           # fla's autotuning choices restored from an earlier run (scripts/run_gpu.sh), or None
+           "fla_autotune_seed": C.fla_autotune_seed()}
 
     day = C.stamp()
     report = C.Report(C.out_dir() / f"bench_{day}.json", script="bench")

@@ -54,6 +54,20 @@ def stamp() -> str:
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
+# Set by scripts/run_gpu.sh to the archive of fla's Triton autotune results it restored before the run.
+FLA_AUTOTUNE_ENV = "DPLR_BENCH_FLA_AUTOTUNE"
+
+
+def fla_autotune_seed() -> dict[str, str] | None:
+    """{path, sha256} of the restored fla autotune archive, or None when fla autotuned from scratch."""
+    path = os.environ.get(FLA_AUTOTUNE_ENV)
+    if not path:
+        return None
+    import hashlib
+
+    return {"path": path, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+
+
 def jsonable(x: Any) -> Any:
     """JSON-safe copy: non-finite floats become the strings "inf", "-inf", "nan"; tuples become lists."""
     if isinstance(x, float) and not math.isfinite(x):

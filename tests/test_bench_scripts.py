@@ -383,3 +383,27 @@ def test_load_cpu_names_an_unbuilt_package(tmp_path: Path) -> None:
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--package" in proc.stderr and "no manifest.json" in proc.stderr, proc.stderr
     assert not list(tmp_path.glob("load_cpu_*.json"))
+
+
+def test_fla_autotune_seed_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's JSON says whether fla's autotune choices were restored, and which archive (by hash)."""
+    monkeypatch.delenv(C.FLA_AUTOTUNE_ENV, raising=False)
+    assert C.fla_autotune_seed() is None
+    archive = tmp_path / "fla.tgz"
+    archive.write_bytes(b"abc")
+    monkeypatch.setenv(C.FLA_AUTOTUNE_ENV, str(archive))
+    assert C.fla_autotune_seed() == {
+        "path": str(archive), "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}
+
+
+def test_shipped_fla_autotune_archive_holds_only_autotune_results() -> None:
+    """scripts/run_gpu.sh unpacks it into Triton's cache: autotune JSON files in hash folders, nothing else."""
+    import tarfile
+
+    with tarfile.open(REPO / "benchmarks" / "fla_autotune" / "h100_sm90_triton3.6.0_fla0.6.0.tgz") as tar:
+        members = tar.getmembers()
+        assert members
+        for m in members:
+            parts = m.name.split("/")
+            assert m.isfile() and len(parts) == 3 and parts[0] == "." and parts[2].endswith(".autotune.json"), m.name
+            assert "configs_timings" in json.loads(tar.extractfile(m).read())
