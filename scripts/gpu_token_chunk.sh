@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
 # One GPU call (session 7): build specs/hopper.yaml and the candidate benchmarks/specs/token_chunk32.yaml,
 # time both per stage (tune.py --package) and per op (bench.py), fla-best in the hopper run. fla's autotuning
-# choices from an earlier call on the same machine type are restored first (benchmarks/fla_autotune/, as
-# scripts/run_gpu.sh does), so fla compiles only its chosen configs. Everything goes to $OUT (one log, the scripts' JSON and PNG). With the committed template the
-# candidate's K=64 units are refused on sm_90 (docs/perf_notes.md 19): its K=128 ones still build and time.
+# choices from an earlier call on the same machine type are restored first (scripts/gpu_setup.sh), so fla
+# compiles only its chosen configs. Everything goes to $OUT (one log, the scripts' JSON and PNG). With the
+# committed template the candidate's K=64 units are refused on sm_90 (docs/perf_notes.md 19): its K=128 ones
+# still build and time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 OUT="${OUT:-$PWD/out}"
-mkdir -p "$OUT" ~/.triton/cache
+mkdir -p "$OUT"
 T0=$(date +%s); LIMIT=${LIMIT:-470}
 exec > >(tee -a "$OUT/gpu_token_chunk.log") 2>&1
-FLA_AUTOTUNE=benchmarks/fla_autotune/h100_sm90_triton3.6.0_fla0.6.0.tgz
-tar xzf "$FLA_AUTOTUNE" -C ~/.triton/cache && export DPLR_BENCH_FLA_AUTOTUNE="$FLA_AUTOTUNE"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD"
+. scripts/gpu_setup.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -m dplr_gen.cli build benchmarks/specs/token_chunk32.yaml -j 6 > /tmp/b1.log 2>&1 &
 BUILD_PID=$!
@@ -28,4 +26,5 @@ python3 benchmarks/tune.py --package generated/token_chunk32 --dims 64,128 --chu
 python3 benchmarks/bench.py --package generated/token_chunk32 --systems dplr-fast,dplr-keep --shapes $SHAPES \
   --no-accuracy --deadline $((T0 + LIMIT * 6 / 10))
 python3 benchmarks/bench.py --systems dplr-fast,dplr-keep,fla-best --shapes $SHAPES --no-accuracy --deadline $((T0 + LIMIT))
+save_fla_autotune
 echo "== done in $(( $(date +%s) - T0 )) s"; ls -la "$OUT"

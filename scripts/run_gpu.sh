@@ -22,24 +22,10 @@ export PYTHONUNBUFFERED=1
 echo "== $(date -Is) run_gpu.sh $MODE $*"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv || true
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || echo "WARNING: wheel install failed"
-fi
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the carried wheels; fla's autotune choices restored (scripts/gpu_setup.sh)
+. scripts/gpu_setup.sh
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -c "import fla; print('fla-core importable')" 2>/dev/null || echo "fla-core NOT importable: fla systems will be recorded as unavailable"
-
-# fla-core's autotuning choices from an earlier run on this machine type: Triton's on-disk autotune cache (on by
-# default in fla; keyed by the Triton build, the GPU and the kernel's source, so a stale entry is never used).
-# fla then compiles only the configs it chose instead of autotuning for 5-10 minutes a shape. The cache as it
-# stands after this run goes back in $OUT/fla_autotune.tgz (commit it over the old one when it has grown).
-TRITON_CACHE="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
-FLA_AUTOTUNE="${FLA_AUTOTUNE:-benchmarks/fla_autotune/h100_sm90_triton3.6.0_fla0.6.0.tgz}"
-if [ -f "$FLA_AUTOTUNE" ]; then
-  mkdir -p "$TRITON_CACHE" && tar xzf "$FLA_AUTOTUNE" -C "$TRITON_CACHE" \
-    && export DPLR_BENCH_FLA_AUTOTUNE="$FLA_AUTOTUNE" && echo "restored fla's autotune choices from $FLA_AUTOTUNE"
-fi
 
 echo "== build specs/hopper.yaml"
 t0=$(date +%s)
@@ -57,8 +43,6 @@ case "$MODE" in
     python3 scripts/gpu_check.py --deadline $((now + (DEADLINE - now) / 2))
     python3 benchmarks/bench.py --deadline "$DEADLINE" ;;
 esac
-if [ -d "$TRITON_CACHE" ]; then
-  (cd "$TRITON_CACHE" && find . -name '*.autotune.json' | tar czf "$OUT/fla_autotune.tgz" -T -)
-fi
+save_fla_autotune
 echo "== done in $(( $(date +%s) - START )) s; outputs in $OUT:"
 ls -la "$OUT"

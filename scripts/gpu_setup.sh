@@ -1,0 +1,26 @@
+# Sourced (not run) by the GPU-machine scripts (run_gpu.sh, gpu_token_chunk.sh), from the repository root:
+#   * the wheels carried in .whl/ (pydantic, fla-core, ...) installed into /tmp/site, put on PYTHONPATH;
+#   * fla-core's autotuning choices from an earlier run on this machine type restored into Triton's on-disk
+#     autotune cache (on by default in fla; keyed by the Triton build, the GPU and the kernel's source, so a
+#     stale entry is never used): fla then compiles only the configs it chose instead of autotuning for 5-10
+#     minutes a shape. DPLR_BENCH_FLA_AUTOTUNE tells bench.py which archive (recorded in its JSON).
+#   save_fla_autotune: the cache as it stands goes to $OUT/fla_autotune.tgz (commit it over the old archive
+#   when it has grown).
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "WARNING: wheel install failed"
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+TRITON_CACHE="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+FLA_AUTOTUNE="${FLA_AUTOTUNE:-benchmarks/fla_autotune/h100_sm90_triton3.6.0_fla0.6.0.tgz}"
+if [ -f "$FLA_AUTOTUNE" ]; then
+  mkdir -p "$TRITON_CACHE" && tar xzf "$FLA_AUTOTUNE" -C "$TRITON_CACHE" \
+    && export DPLR_BENCH_FLA_AUTOTUNE="$FLA_AUTOTUNE" && echo "restored fla's autotune choices from $FLA_AUTOTUNE"
+fi
+
+save_fla_autotune() {
+  if [ -d "$TRITON_CACHE" ]; then
+    (cd "$TRITON_CACHE" && find . -name '*.autotune.json' | tar czf "$OUT/fla_autotune.tgz" -T -)
+  fi
+}
