@@ -30,6 +30,9 @@ BWD = "chunk_dplr_bwd_kernel"
 POISON = False
 # Tests set this to force (True) or forbid (False) the state passes' small-grid kernels; None: by the device.
 SMALL_GRID: bool | None = None
+# tests and benchmarks: force the states pass beside the reverse pass on (True) or off (False) whatever the
+# variant's knob says (None: the knob)
+OVERLAP: bool | None = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -194,9 +197,11 @@ def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: 
     }
 
 
-def chunk_states(ks, v, saved, pr: Prep) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The token pass's chunk-start states ``h`` [its slots, H, K, V] and U again, from the prep's W, M and
-    scaled operands (no O)."""
+    scaled operands (no O). ``side``: run the pass on that stream, after the current one's work so far
+    (buffers are allocated on the current stream, and every tensor the pass touches is marked as used by
+    ``side``, so the allocator reuses none of them before the pass is done)."""
     k, v_, h0, cu_seqlens = (saved[n] for n in ("k", "v", "h0", "cu_seqlens"))
     _, T, H, K = k.shape
     V = v_.shape[-1]
@@ -204,8 +209,16 @@ def chunk_states(ks, v, saved, pr: Prep) -> tuple[torch.Tensor, torch.Tensor]:
     ht = _empty((saved["N"], H, K, V), torch.float32, k.device)
     u = _empty(v_.shape, v_.dtype, k.device)
     name, bv = _pass_kernel(ks, FWD_H, saved["N"] * H, V, k.device)
-    getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](
-        pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, h0, h, ht, u, *_cu(cu_seqlens), T, H)
+    args = (pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, h0, h, ht, u, *_cu(cu_seqlens))
+    if side is None:
+        getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](*args, T, H)
+        return h, u
+    side.wait_stream(torch.cuda.current_stream(k.device))
+    with torch.cuda.stream(side):
+        getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](*args, T, H)
+    for t in args:
+        if t is not None:
+            t.record_stream(side)
     return h, u
 
 
@@ -263,9 +276,54 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
                     chunk_map=saved["chunk_map"])
     recomputed = saved["states"] is None  # else h and U are the forward's, saved by autograd: read only
-    h, u = chunk_states(ks, v, saved, pr) if recomputed else saved["states"]
-    pr = pr._replace(w=None, m=None, bwt=None, kwt=None)  # freed before the reverse pass allocates
-    dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
+    if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1]):
+        h, u, dh, dr, dh0 = _states_beside_reverse_pass(ks, v, saved, pr, do, dht)
+    else:
+        h, u = chunk_states(ks, v, saved, pr) if recomputed else saved["states"]
+        pr = pr._replace(w=None, m=None, bwt=None, kwt=None)  # freed before the reverse pass allocates
+        dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     del pr
     return (*chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dv_over_dr=True,
                                    dq_over_u=recomputed), dh0)
+
+
+def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
+    """Whether the states pass runs beside the reverse pass: where the variant's knob (bwd_dh.overlap) says so
+    and both grids fit on the device at once (CUDA tensors only). Where they would not, each pass already
+    fills the device and running them together only makes them contend (H100, bf16: fwd+bwd 3.43 -> 3.17 ms
+    at (4,4096,32,64), 256 programs a pass; 11.2 -> 11.8 at (8,4096,64,64), 1024; docs/perf_notes.md 20)."""
+    if not q.is_cuda or OVERLAP is not None:
+        return q.is_cuda and bool(OVERLAP)
+    if not ks.option("overlap_state_passes", False):
+        return False
+    H = q.shape[2]
+    grids = []
+    for stage in (FWD_H, BWD_DH):
+        name, bv = _pass_kernel(ks, stage, N * H, V, q.device)
+        grids.append((N * H * _cdiv(V, bv), ks.resident_per_sm(name, q.device)))
+    return grids_fit(grids, _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device()))
+
+
+def grids_fit(grids: list[tuple[int, int | None]], sms: int) -> bool:
+    """Whether grids of (programs, resident programs per SM) are all resident at once on ``sms`` SMs (each
+    grid's programs take programs / per-SM of an SM's room; unknown residency: no)."""
+    if any(not per_sm for _, per_sm in grids):
+        return False
+    return sum(n / per_sm for n, per_sm in grids) <= sms
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device=device)
+
+
+def _states_beside_reverse_pass(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tensor | None):
+    """(h, u, dh, dr, dh0): the states pass on a side stream while the reverse pass runs on the current one.
+    Neither reads the other's outputs (both read the prep's and the inputs), and each is a few hundred
+    sequential programs, too few to fill the device alone. The current stream waits for the side one before
+    the token pass."""
+    dev = saved["q"].device
+    h, u = chunk_states(ks, v, saved, pr, side=_side_stream(dev))
+    dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
+    torch.cuda.current_stream(dev).wait_stream(_side_stream(dev))
+    return h, u, dh, dr, dh0

@@ -61,15 +61,51 @@ def device_target(device: torch.device) -> str:
     return f"sm_{major * 10 + minor}"
 
 
+def blocks_per_sm(regs: int, smem: int, warps: int, regs_sm: int = 65536, threads_sm: int = 2048,
+                  smem_sm: int = 0) -> int:
+    """Resident blocks per SM of a kernel with ``regs`` registers per thread, ``smem`` bytes of shared memory
+    and ``warps`` warps per block, on an SM with the given limits (0: shared memory not limiting). Registers
+    are granted per warp in units of 256; at most 32 blocks."""
+    per_warp = -(-regs * 32 // 256) * 256
+    n = min(regs_sm // (per_warp * warps), threads_sm // (32 * warps), 32)
+    if smem and smem_sm:
+        n = min(n, smem_sm // smem)
+    return max(n, 0)
+
+
+def _sm_limits(device: torch.device) -> dict[str, int]:
+    p = torch.cuda.get_device_properties(device)
+    return {"regs_sm": getattr(p, "regs_per_multiprocessor", 65536),
+            "threads_sm": getattr(p, "max_threads_per_multi_processor", 2048),
+            "smem_sm": getattr(p, "shared_memory_per_multiprocessor", 0)}
+
+
 class KernelSet:
     """``ks.<kernel>[grid](*runtime_args)``: the constexprs and launch options come from the variant's source."""
 
     def __init__(self, module: Any, aot: dict[str, Any] | None) -> None:
         self.module = module
         self.aot = aot or {}
+        self._resident: dict[tuple[str, str], int | None] = {}
 
     def constexprs(self, name: str) -> dict[str, Any]:
         return dict(self.module.CONSTEXPRS[name])
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """A host-side choice the variant's source declares (its ``OPTIONS``), else ``default``."""
+        return getattr(self.module, "OPTIONS", {}).get(name, default)
+
+    def resident_per_sm(self, name: str, device: torch.device) -> int | None:
+        """How many programs of kernel ``name`` one SM of ``device`` holds at once, bound by the loaded binary's
+        registers and shared memory and by its warps; None where unknown (a kernel compiled at run time)."""
+        key = (name, str(device))
+        if key not in self._resident:
+            k = self.aot.get(name)
+            res = k.resources() if k is not None else {}
+            self._resident[key] = None if not res.get("n_regs") else blocks_per_sm(
+                res["n_regs"], getattr(k.metadata, "shared", 0), self.module.LAUNCH[name]["num_warps"],
+                **_sm_limits(device))
+        return self._resident[key]
 
     def has(self, name: str) -> bool:
         """Whether the variant's source declares kernel ``name`` (optional kernels, e.g. *_small_kernel)."""

@@ -34,6 +34,8 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 
 # Stages whose kernels may walk longer chunks than the variant's (knob `chunk`): the chunk backward's token pass.
 CHUNK_KNOB_STAGES = ("chunk.bwd",)
+# Stages that take the knob `overlap`: the chunk backward's reverse pass (with the states pass).
+OVERLAP_KNOB_STAGES = ("chunk.bwd_dh",)
 
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
 # variant_tuning rules and the quirk registry's entries.
@@ -76,6 +78,10 @@ class Knobs(_Strict):
     # the state passes then store every (chunk / chunk_size)-th boundary state). Not 64: the registry's chunk-64
     # entries key on the variant's chunk size, so a chunk-64 token pass would escape them.
     chunk: Literal[16, 32] | None = None
+    # stage chunk.bwd_dh only: the reverse pass runs at the same time as the backward's recompute of the states
+    # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave
+    # most of the device idle. Costs the forward prep's operands kept alive through the reverse pass.
+    overlap: bool | None = None
 
     @field_validator("block_k", "block_v")
     @classmethod
@@ -152,6 +158,8 @@ class Spec(_Strict):
                     raise ValueError(f"{where}: unknown stage {key!r}; stages are {', '.join(known)}")
                 if knobs.chunk is not None and key not in CHUNK_KNOB_STAGES:
                     raise ValueError(f"{where}.{key}.chunk: only {', '.join(CHUNK_KNOB_STAGES)} take a chunk knob")
+                if knobs.overlap is not None and key not in OVERLAP_KNOB_STAGES:
+                    raise ValueError(f"{where}.{key}.overlap: only {', '.join(OVERLAP_KNOB_STAGES)} take an overlap knob")
         for t in self.target_tuning:
             if t not in self.targets:
                 raise ValueError(f"target_tuning names {t!r}, which is not in targets {self.targets}")

@@ -19,6 +19,8 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
           sequence wholly past element 2**31), its outputs vs float64 on that sequence alone; decode: fused
           recurrent, T=1, B=2048, H=64 (N*H > 65535) vs a vectorised float64 step. Bounds 5e-3.
   compile torch.compile(fullgraph=True) of chunk_rwkv7 fwd+bwd equals eager (relative error <= 1e-5).
+  overlap the backward with the states pass beside the reverse pass (a second stream) equals the one-stream
+          backward bit for bit (same kernels, same inputs), at a grid where the driver picks it by itself.
 --fla-max-configs N: fla's autotuners keep N of their configs each (recorded in the results' fla info).
 Writes $OUT/gpu_check.json after every worker. --dry-run: CPU interpreter, tiny fp32 stand-ins.
 """
@@ -99,7 +101,7 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     """Jobs, grouped by worker process: dplr-gen, the two scale cases alone (a fault there must not poison
     the others' CUDA context), fla last (its first calls autotune for minutes)."""
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
-            + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile"])
+            + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile", "overlap"])
     wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
     groups = [dplr, wide, ["scale-decode"], ["scale-big"],
               [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
@@ -146,7 +148,8 @@ class Worker:
             return self.accuracy(self.cases[rest[0]], rest[0], rest[1], raw=kind == "report-raw")
         if kind == "build":
             return self.build_wide(rest[0])
-        return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile}[kind]()
+        return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile,
+                "overlap": self.overlap}[kind]()
 
     def accuracy(self, case: Case, case_name: str, system: str, raw: bool) -> dict[str, Any]:
         """o, ht and gradients vs float64 (raw: only whether fwd+bwd runs, and whether it is finite)."""
@@ -271,6 +274,38 @@ class Worker:
         return {"compile_and_first_call_s": time.perf_counter() - t0, "errors": C.errors(comp, eager)}
 
 
+    def overlap(self) -> dict[str, Any]:
+        """The backward with the states pass on a side stream (chunk_driver.OVERLAP = True) against the same
+        backward on one stream (False): the same kernels on the same inputs, so every output must be equal."""
+        from dplr_gen import chunk_driver
+
+        pkg = self.package()
+        case = Case(1, 64, 1, 64, "float32", 32) if self.dry else CASES["D64"]
+
+        def f(xl: Any, cu: Any = None, cu_cpu: Any = None) -> Any:
+            return pkg.chunk_rwkv7(r=xl["r"], w=xl["w"], k=xl["k"], v=xl["v"], a=xl["a"], b=xl["b"], scale=1.0,
+                                   initial_state=xl["h0"], output_final_state=True, lower_bound=C.GATE_BOUND)
+
+        x = self.inputs(case)
+        do, dht = C.grad_outputs(x, case.seed)
+        out = {}
+        try:
+            for mode in (False, True):
+                chunk_driver.OVERLAP = mode
+                out[mode] = C.fwd_bwd(f, C.leaves(x), do, dht)
+            chunk_driver.OVERLAP = None
+            q, picked = x["r"], None
+            if q.is_cuda:  # would the driver pick the side stream here by itself (the variant's knob, the grid)?
+                from dplr_gen.ops import _kernels, _select
+
+                name = _select(str(pkg.dir), "chunk", q.dtype, case.D, case.D, False, lower_bound=C.GATE_BOUND,
+                               gate_dtype=x["w"].dtype)
+                picked = chunk_driver._overlap(_kernels(str(pkg.dir), name, q.device)[0], q, case.B, case.D)
+        finally:
+            chunk_driver.OVERLAP = None
+        return {"picked_by_driver": picked, "errors": C.errors(out[True], out[False])}
+
+
 def worker_main(cfg: dict[str, Any], jobs: list[str]) -> int:
     C.worker_setup(cfg["device"])
     return C.worker_loop(jobs, Worker(cfg).run, cfg["device"])
@@ -345,7 +380,8 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
         rows.append({"check": f"scale-big:{op}", "system": "dplr-fast" if op == "chunk_fast" else "fused_recurrent",
                      "cells": cells, "error": err,
                      "status": "FAIL" if err or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
-    for job, bound, system in (("scale-decode", 5e-3, "fused_recurrent"), ("compile", COMPILE_TOL, "dplr-fast")):
+    for job, bound, system in (("scale-decode", 5e-3, "fused_recurrent"), ("compile", COMPILE_TOL, "dplr-fast"),
+                               ("overlap", 0.0, "dplr-fast")):
         r = results.get(job, {"error": "not run"})
         cells = {q: (e, *judge(e, bound)) for q, e in r.get("errors", {}).items()}
         rows.append({"check": job, "system": system, "cells": cells, "error": r.get("error"),

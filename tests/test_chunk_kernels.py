@@ -87,9 +87,9 @@ def make_variant(dtype="fp32", K=32, V=None, chunk_size=16, varlen=False, gate_b
 ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template's default tiles are the widest
 
 
-def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None):
+def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
-                           chunk=chunk)
+                           chunk=chunk, overlap=overlap)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
@@ -507,3 +507,38 @@ def test_slow_long_sequence_fp32():
     # many chunks: state passing over 16 chunk boundaries, gate bound -1 at chunk 32
     v = make_variant("fp32", K=32, V=32, chunk_size=32, gate_bound=-1.0)
     check(run_case(v, B=2, T=500, H=1), TOL["fp32"])
+
+
+def test_overlap_choice(monkeypatch):
+    """The backward's states pass goes beside the reverse pass (a second stream) only where the variant's knob
+    asks for it and both grids are resident at once: H100's 132 SMs, the K=64 passes at 1 warp with 204 and
+    224 registers (9 programs an SM each): (4,4096,32,64) has 256 programs a pass, (8,4096,64,64) 1024."""
+    from dplr_gen.runtime import blocks_per_sm
+
+    assert blocks_per_sm(204, 8192, 1) == blocks_per_sm(224, 8192, 1) == 9  # registers in 256-per-warp units
+    assert blocks_per_sm(255, 34816, 4) == 2  # the token pass: two blocks an SM (perf_notes 11)
+    assert blocks_per_sm(64, 40000, 1, smem_sm=233472) == 5  # shared memory binds
+    assert blocks_per_sm(16, 0, 1) == 32 and blocks_per_sm(255, 0, 16) == 0
+    assert chunk_driver.grids_fit([(256, 9), (256, 9)], 132) and not chunk_driver.grids_fit([(1024, 9), (1024, 9)], 132)
+    assert not chunk_driver.grids_fit([(8, 4), (8, None)], 132)  # residency unknown (run-time compiled): no
+
+    monkeypatch.setattr(chunk_driver, "_sm_count", lambda index: 132)
+
+    def ks(knob):
+        return SimpleNamespace(option=lambda name, default=None: knob if name == "overlap_state_passes" else default,
+                               has=lambda name: False, constexprs=lambda name: {"BV": 32},
+                               resident_per_sm=lambda name, device: 9)
+
+    def q(B, H, cuda=True):
+        return SimpleNamespace(is_cuda=cuda, shape=(B, 4096, H, 64), device=torch.device("cuda" if cuda else "cpu", 0))
+
+    assert chunk_driver._overlap(ks(True), q(4, 32), 4, 64)
+    assert not chunk_driver._overlap(ks(True), q(8, 64), 8, 64)  # each pass fills the device alone
+    assert not chunk_driver._overlap(ks(False), q(4, 32), 4, 64)  # the knob off
+    assert not chunk_driver._overlap(ks(True), q(4, 32, cuda=False), 4, 64)  # streams are CUDA's
+    monkeypatch.setattr(chunk_driver, "OVERLAP", True)  # tests and benchmarks force it either way
+    assert chunk_driver._overlap(ks(False), q(8, 64), 8, 64)
+    assert not chunk_driver._overlap(ks(True), q(4, 32, cuda=False), 4, 64)
+    monkeypatch.setattr(chunk_driver, "OVERLAP", False)
+    assert not chunk_driver._overlap(ks(True), q(4, 32), 4, 64)
+

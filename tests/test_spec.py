@@ -157,6 +157,10 @@ def test_quirk_caps_win_over_variant_tuning(tmp_path: Path) -> None:
          "tuning: {chunk.fwd: {chunk: 32}}\n", "tuning.chunk.fwd.chunk: only chunk.bwd"),
         ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
          "tuning: {chunk.bwd: {chunk: 64}}\n", "tuning.chunk.bwd.chunk"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "tuning: {chunk.bwd: {overlap: true}}\n", "tuning.chunk.bwd.overlap: only chunk.bwd_dh"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "tuning: {chunk.bwd_dh: {overlap: sometimes}}\n", "tuning.chunk.bwd_dh.overlap"),
     ],
 )
 def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None:
@@ -221,3 +225,26 @@ def test_token_pass_chunk_knob_reaches_the_rendered_kernels(tmp_path: Path) -> N
         assert all(ns["CONSTEXPRS"][k]["BC"] == C for k in ns["CONSTEXPRS"] if k != "chunk_dplr_bwd_kernel")
         seen.add(C)
     assert seen == {16, 64}
+
+
+def test_overlap_knob_reaches_the_rendered_options(tmp_path: Path) -> None:
+    """chunk.bwd_dh.overlap becomes the source's OPTIONS["overlap_state_passes"] (the driver's switch); a
+    variant_tuning rule may turn it on for some variants only; off by default."""
+    from dplr_gen.render import render_unit
+
+    text = GOOD + ("tuning:\n  chunk.bwd_dh: {overlap: false}\n"
+                   "variant_tuning:\n  - when: {K: [64]}\n    tuning:\n      chunk.bwd_dh: {overlap: true}\n")
+    units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
+    seen = {}
+    for u in units:
+        if u.variant.op != "chunk":
+            continue
+        ns: dict = {}
+        exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102 - our own rendered source
+        seen.setdefault(u.variant.K, set()).add(ns["OPTIONS"]["overlap_state_passes"])
+    assert seen and all(v == {k == 64} for k, v in seen.items()), seen
+    units, _ = build_units(load_spec(write(tmp_path, GOOD)), Version("3.6.0"))
+    u = next(u for u in units if u.variant.op == "chunk")
+    ns = {}
+    exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102
+    assert ns["OPTIONS"] == {"overlap_state_passes": False}

@@ -546,6 +546,8 @@ CONSTEXPRS = {
     "chunk_dplr_bwd_dh_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 64},
     "chunk_dplr_bwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 16},
 }
+# host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap)
+OPTIONS = {"overlap_state_passes": False}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 4, "num_stages": 1},
     "chunk_dplr_prep_bwd_kernel": {"num_warps": 4, "num_stages": 1},

@@ -564,6 +564,8 @@ CONSTEXPRS = {
     "chunk_dplr_bwd_dh_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
     "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 16},
 }
+# host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap)
+OPTIONS = {"overlap_state_passes": True}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 2, "num_stages": 2},
     "chunk_dplr_prep_bwd_kernel": {"num_warps": 2, "num_stages": 2},
