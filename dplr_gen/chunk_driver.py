@@ -291,9 +291,14 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
     """Whether the states pass runs beside the reverse pass: where the variant's knob (bwd_dh.overlap) says so
     and both grids fit on the device at once (CUDA tensors only). Where they would not, each pass already
     fills the device and running them together only makes them contend (H100, bf16: fwd+bwd 3.43 -> 3.17 ms
-    at (4,4096,32,64), 256 programs a pass; 11.2 -> 11.8 at (8,4096,64,64), 1024; docs/perf_notes.md 20)."""
-    if not q.is_cuda or OVERLAP is not None:
-        return q.is_cuda and bool(OVERLAP)
+    at (4,4096,32,64), 256 programs a pass; 11.2 -> 11.8 at (8,4096,64,64), 1024; docs/perf_notes.md 20).
+    Never while a CUDA graph is being captured (torch.cuda.graphs, torch.compile's reduce-overhead): the
+    caching allocator's cross-stream bookkeeping (record_stream) is fragile under capture, so a captured
+    backward keeps one stream."""
+    if not q.is_cuda or _capturing():
+        return False
+    if OVERLAP is not None:
+        return OVERLAP
     if not ks.option("overlap_state_passes", False):
         return False
     H = q.shape[2]
@@ -302,6 +307,10 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
         name, bv = _pass_kernel(ks, stage, N * H, V, q.device)
         grids.append((N * H * _cdiv(V, bv), ks.resident_per_sm(name, q.device)))
     return grids_fit(grids, _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device()))
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
 
 
 def grids_fit(grids: list[tuple[int, int | None]], sms: int) -> bool:

@@ -21,6 +21,8 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
   compile torch.compile(fullgraph=True) of chunk_rwkv7 fwd+bwd equals eager (relative error <= 1e-5).
   overlap the backward with the states pass beside the reverse pass (a second stream) equals the one-stream
           backward bit for bit (same kernels, same inputs), at a grid where the driver picks it by itself.
+  graph   forward+backward captured in a CUDA graph (torch.cuda.graph; the driver keeps one stream under
+          capture) and replayed equals the eager run bit for bit.
 --fla-max-configs N: fla's autotuners keep N of their configs each (recorded in the results' fla info).
 Writes $OUT/gpu_check.json after every worker. --dry-run: CPU interpreter, tiny fp32 stand-ins.
 """
@@ -101,7 +103,7 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     """Jobs, grouped by worker process: dplr-gen, the two scale cases alone (a fault there must not poison
     the others' CUDA context), fla last (its first calls autotune for minutes)."""
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
-            + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile", "overlap"])
+            + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile", "overlap", "graph"])
     wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
     groups = [dplr, wide, ["scale-decode"], ["scale-big"],
               [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
@@ -149,7 +151,7 @@ class Worker:
         if kind == "build":
             return self.build_wide(rest[0])
         return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile,
-                "overlap": self.overlap}[kind]()
+                "overlap": self.overlap, "graph": self.graph}[kind]()
 
     def accuracy(self, case: Case, case_name: str, system: str, raw: bool) -> dict[str, Any]:
         """o, ht and gradients vs float64 (raw: only whether fwd+bwd runs, and whether it is finite)."""
@@ -306,6 +308,38 @@ class Worker:
         return {"picked_by_driver": picked, "errors": C.errors(out[True], out[False])}
 
 
+    def graph(self) -> dict[str, Any]:
+        """One training step (forward, then torch.autograd.grad) captured in a CUDA graph after two warm-up
+        steps on a side stream (PyTorch's recipe), replayed, against the eager step on the same inputs."""
+        import torch
+
+        pkg = self.package()
+        case = Case(1, 64, 1, 64, "float32", 33) if self.dry else CASES["D64"]
+
+        def f(xl: Any, cu: Any = None, cu_cpu: Any = None) -> Any:
+            return pkg.chunk_rwkv7(r=xl["r"], w=xl["w"], k=xl["k"], v=xl["v"], a=xl["a"], b=xl["b"], scale=1.0,
+                                   initial_state=xl["h0"], output_final_state=True, lower_bound=C.GATE_BOUND)
+
+        x = self.inputs(case)
+        do, dht = C.grad_outputs(x, case.seed)
+        eager = C.fwd_bwd(f, C.leaves(x), do, dht)
+        if self.dry:  # no CUDA graphs on the CPU: the eager step against itself
+            return {"captured": False, "errors": C.errors(C.fwd_bwd(f, C.leaves(x), do, dht), eager)}
+        xl = C.leaves(x)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                C.fwd_bwd(f, xl, do, dht)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = C.fwd_bwd(f, xl, do, dht)
+        g.replay()
+        torch.cuda.synchronize()
+        return {"captured": True, "errors": C.errors(out, eager)}
+
+
 def worker_main(cfg: dict[str, Any], jobs: list[str]) -> int:
     C.worker_setup(cfg["device"])
     return C.worker_loop(jobs, Worker(cfg).run, cfg["device"])
@@ -381,7 +415,7 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
                      "cells": cells, "error": err,
                      "status": "FAIL" if err or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
     for job, bound, system in (("scale-decode", 5e-3, "fused_recurrent"), ("compile", COMPILE_TOL, "dplr-fast"),
-                               ("overlap", 0.0, "dplr-fast")):
+                               ("overlap", 0.0, "dplr-fast"), ("graph", 0.0, "dplr-fast")):
         r = results.get(job, {"error": "not run"})
         cells = {q: (e, *judge(e, bound)) for q, e in r.get("errors", {}).items()}
         rows.append({"check": job, "system": system, "cells": cells, "error": r.get("error"),

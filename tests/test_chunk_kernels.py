@@ -523,6 +523,7 @@ def test_overlap_choice(monkeypatch):
     assert not chunk_driver.grids_fit([(8, 4), (8, None)], 132)  # residency unknown (run-time compiled): no
 
     monkeypatch.setattr(chunk_driver, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(chunk_driver, "_capturing", lambda: False)
 
     def ks(knob):
         return SimpleNamespace(option=lambda name, default=None: knob if name == "overlap_state_passes" else default,
@@ -540,5 +541,10 @@ def test_overlap_choice(monkeypatch):
     assert chunk_driver._overlap(ks(False), q(8, 64), 8, 64)
     assert not chunk_driver._overlap(ks(True), q(4, 32, cuda=False), 4, 64)
     monkeypatch.setattr(chunk_driver, "OVERLAP", False)
+    assert not chunk_driver._overlap(ks(True), q(4, 32), 4, 64)
+    monkeypatch.setattr(chunk_driver, "OVERLAP", None)
+    monkeypatch.setattr(chunk_driver, "_capturing", lambda: True)  # inside a CUDA graph capture: one stream
+    assert not chunk_driver._overlap(ks(True), q(4, 32), 4, 64)
+    monkeypatch.setattr(chunk_driver, "OVERLAP", True)
     assert not chunk_driver._overlap(ks(True), q(4, 32), 4, 64)
 
