@@ -283,11 +283,7 @@ class Worker:
 
         pkg = self.package()
         case = Case(1, 64, 1, 64, "float32", 32) if self.dry else CASES["D64"]
-
-        def f(xl: Any, cu: Any = None, cu_cpu: Any = None) -> Any:
-            return pkg.chunk_rwkv7(r=xl["r"], w=xl["w"], k=xl["k"], v=xl["v"], a=xl["a"], b=xl["b"], scale=1.0,
-                                   initial_state=xl["h0"], output_final_state=True, lower_bound=C.GATE_BOUND)
-
+        f = _rwkv7_step_op(pkg)
         x = self.inputs(case)
         do, dht = C.grad_outputs(x, case.seed)
         out = {}
@@ -315,11 +311,7 @@ class Worker:
 
         pkg = self.package()
         case = Case(1, 64, 1, 64, "float32", 33) if self.dry else CASES["D64"]
-
-        def f(xl: Any, cu: Any = None, cu_cpu: Any = None) -> Any:
-            return pkg.chunk_rwkv7(r=xl["r"], w=xl["w"], k=xl["k"], v=xl["v"], a=xl["a"], b=xl["b"], scale=1.0,
-                                   initial_state=xl["h0"], output_final_state=True, lower_bound=C.GATE_BOUND)
-
+        f = _rwkv7_step_op(pkg)
         x = self.inputs(case)
         do, dht = C.grad_outputs(x, case.seed)
         eager = C.fwd_bwd(f, C.leaves(x), do, dht)
@@ -338,6 +330,16 @@ class Worker:
         g.replay()
         torch.cuda.synchronize()
         return {"captured": True, "errors": C.errors(out, eager)}
+
+
+def _rwkv7_step_op(pkg: Any) -> Any:
+    """The package's chunk_rwkv7 (bound -0.61, scale 1, final state out) as a C.fwd_bwd op."""
+
+    def f(xl: Any, cu: Any = None, cu_cpu: Any = None) -> Any:
+        return pkg.chunk_rwkv7(r=xl["r"], w=xl["w"], k=xl["k"], v=xl["v"], a=xl["a"], b=xl["b"], scale=1.0,
+                               initial_state=xl["h0"], output_final_state=True, lower_bound=C.GATE_BOUND)
+
+    return f
 
 
 def worker_main(cfg: dict[str, Any], jobs: list[str]) -> int:
