@@ -290,8 +290,8 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
 def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
     """Whether the states pass runs beside the reverse pass: where the variant's knob (bwd_dh.overlap) says so
     and both grids fit on the device at once (CUDA tensors only). Where they would not, each pass already
-    fills the device and running them together only makes them contend (H100, bf16: fwd+bwd 3.43 -> 3.17 ms
-    at (4,4096,32,64), 256 programs a pass; 11.2 -> 11.8 at (8,4096,64,64), 1024; docs/perf_notes.md 20).
+    fills the device and running them together only makes them contend (H100, bf16, fwd+bwd off -> on: 3.34 ->
+    3.10 ms at (4,4096,32,64), 256 programs a pass; 10.99 -> 11.57 at (8,4096,64,64), 1024; perf_notes 20).
     Never while a CUDA graph is being captured (torch.cuda.graphs, torch.compile's reduce-overhead): the
     caching allocator's cross-stream bookkeeping (record_stream) is fragile under capture, so a captured
     backward keeps one stream."""
