@@ -196,10 +196,11 @@ def test_fp32_wide_chunk_is_refused_on_99kb_archs(tmp_path: Path) -> None:
 
 
 def test_shipped_hopper_small_grid_passes_capped_under_triton_3_1() -> None:
-    # registry entry hopper-small-grid-passes-segv-triton-3-1: 4-warp varlen small-grid passes abort Triton 3.1
-    # on sm_90; the shipped spec's copies drop to 2 warps there (varlen only) and keep 4 elsewhere
+    # registry entry hopper-small-grid-passes-segv-triton-3-1: 4-warp small-grid passes abort Triton 3.1 on
+    # sm_90 (varlen and dense); the shipped spec's copies drop to 2 warps there and keep 4 from Triton 3.2 on
     spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "hopper.yaml")
-    for version, varlen, warps in (("3.1.0", True, 2), ("3.1.0", False, 4), ("3.2.0", True, 4), ("3.6.0", True, 4)):
+    for version, varlen, warps in (("3.1.0", True, 2), ("3.1.0", False, 2), ("3.2.0", True, 4), ("3.2.0", False, 4),
+                                   ("3.6.0", True, 4)):
         units, _ = build_units(spec, Version(version))
         u = next(u for u in units if u.variant.op == "chunk" and u.variant.K == 128 and u.variant.dtype == "bf16"
                  and u.variant.gate_bound is not None and u.variant.varlen == varlen)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 # variant: dtype=bf16 gate_dtype=bf16 K=128 V=128 chunk=16 varlen=False
-# token pass: chunks of 16 tokens (the state passes store every 1-th boundary state)
+# token pass: chunks of 32 tokens (the state passes store every 2-th boundary state)
 # gate mode: bounded, factored exponents re-centred at row C/2-1, gk clamped to >= -0.61
 # dot operands: tl.bfloat16 (chained), tl.float32 (gate-factored); fp32 dots use input_precision="tf32"
 
@@ -263,13 +263,13 @@ def _state_pass(
     """The sequential part of the forward over one (sequence * head, V-block): per chunk, store the state
     entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both) unless
     store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state. The
-    states go to the token pass's chunk slots (16 tokens): every 1-th chunk's."""
+    states go to the token pass's chunk slots (32 tokens): every 2-th chunk's."""
     i_nh = tl.program_id(0)  # N * H on grid axis 0 (axes 1/2 stop at 65535)
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, L, slot0 = _sequence(i_n, T, BC)
-    hslot0 = _sequence(i_n, T, 16)[2]
+    hslot0 = _sequence(i_n, T, 32)[2]
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -287,8 +287,8 @@ def _state_pass(
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
-        p_h = (hslot0 + i_t // 1) * H + i_h
-        tl.store(h + p_h * K * V + o_kv, S.to(h.dtype.element_ty), mask=m_kv & keep & (i_t % 1 == 0))
+        p_h = (hslot0 + i_t // 2) * H + i_h
+        tl.store(h + p_h * K * V + o_kv, S.to(h.dtype.element_ty), mask=m_kv & keep & (i_t % 2 == 0))
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_v = tl.load(v + p_y, mask=m_y, other=0.).to(tl.bfloat16)
@@ -360,14 +360,14 @@ def _reverse_pass(
 ):
     """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
     per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P) and, at the end of each of the token pass's
-    chunks (16 tokens), dS (the gradient reaching that end state), then steps dS to the chunk start;
+    chunks (32 tokens), dS (the gradient reaching that end state), then steps dS to the chunk start;
     finally d(initial state)."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, L, slot0 = _sequence(i_n, T, BC)
-    hslot0 = _sequence(i_n, T, 16)[2]
+    hslot0 = _sequence(i_n, T, 32)[2]
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -385,9 +385,9 @@ def _reverse_pass(
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
         # dS: the gradient reaching this chunk's end state, where a token-pass chunk ends
-        p_h = (hslot0 + i_t // 1) * H + i_h
+        p_h = (hslot0 + i_t // 2) * H + i_h
         tl.store(dh + p_h * K * V + o_kv, dS.to(dh.dtype.element_ty),
-                 mask=m_kv & ((i_t % 1 == 0) | (i_t == NT - 1)))
+                 mask=m_kv & ((i_t % 2 == 1) | (i_t == NT - 1)))
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.bfloat16)
@@ -573,7 +573,7 @@ CONSTEXPRS = {
     "chunk_dplr_fwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
     "chunk_dplr_fwd_h_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
     "chunk_dplr_bwd_dh_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
-    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 16},
+    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 32, "BK": 128, "BV": 16},
 }
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap)
 OPTIONS = {"overlap_state_passes": True}
@@ -583,7 +583,7 @@ LAUNCH = {
     "chunk_dplr_fwd_kernel": {"num_warps": 2, "num_stages": 2},
     "chunk_dplr_fwd_h_kernel": {"num_warps": 2, "num_stages": 2},
     "chunk_dplr_bwd_dh_kernel": {"num_warps": 2, "num_stages": 2},
-    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 2},
+    "chunk_dplr_bwd_kernel": {"num_warps": 8, "num_stages": 2},
 }
 # the state passes for grids smaller than the device: the same arguments, other tiles and warps
 for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
