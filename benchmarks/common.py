@@ -245,6 +245,19 @@ def dplr_variant(system: System, package: str | Path, x: Mapping[str, Any], cu: 
                            kw.get("lower_bound"))
 
 
+def overlap_picked(package: str | Path, x: Mapping[str, Any]) -> bool:
+    """Whether dplr-gen's chunk backward would run its states pass beside the reverse pass for these dense
+    dplr-fast inputs by itself (the variant's knob and the grid; chunk_driver._overlap), for the record."""
+    from dplr_gen import chunk_driver
+    from dplr_gen.ops import _kernels
+    from dplr_gen.runtime import package_at
+
+    name = dplr_variant(SYSTEMS["dplr-fast"], package, x)
+    q = x["r"]
+    ks = _kernels(str(package_at(package).dir), name, q.device)[0]
+    return chunk_driver._overlap(ks, q, q.shape[0], x["v"].shape[-1])
+
+
 # ----------------------------------------------------------------------------------------------------------
 # shapes and inputs
 

@@ -26,14 +26,12 @@ def main() -> int:
     import triton
 
     from dplr_gen import chunk_driver
-    from dplr_gen.ops import _kernels, _select
-    from dplr_gen.runtime import package_at
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--package", default=str(C.REPO / "generated" / "hopper"))
     ap.add_argument("--shapes", default=SHAPES)
     args = ap.parse_args()
-    pkg = package_at(args.package)
+    op, _ = C.load_op(C.SYSTEMS["dplr-fast"], args.package)
     # label -> chunk_driver.OVERLAP (None: the driver's own choice)
     settings = {"off": False, "on": True, "driver": None, "off_again": False}
     rows = []
@@ -44,16 +42,12 @@ def main() -> int:
         xl = C.leaves(x)
 
         def fwd() -> tuple:
-            return pkg.chunk_rwkv7(r=xl["r"], w=xl["w"], k=xl["k"], v=xl["v"], a=xl["a"], b=xl["b"], scale=1.0,
-                                   initial_state=xl["h0"], output_final_state=True, lower_bound=C.GATE_BOUND)
+            return op(xl)
 
         def step() -> None:
             torch.autograd.grad(fwd(), [xl[n] for n in C.INPUTS if xl.get(n) is not None], (do, dht))
 
-        name = _select(str(pkg.dir), "chunk", torch.bfloat16, D, D, False, lower_bound=C.GATE_BOUND,
-                       gate_dtype=x["w"].dtype)
-        ks = _kernels(str(pkg.dir), name, x["r"].device)[0]
-        row = {"shape": [B, T, H, D], "driver_picks_overlap": chunk_driver._overlap(ks, x["r"], B, D)}
+        row = {"shape": [B, T, H, D], "driver_picks_overlap": C.overlap_picked(args.package, x)}
         try:
             for label, mode in settings.items():
                 chunk_driver.OVERLAP = mode

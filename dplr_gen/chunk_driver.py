@@ -86,6 +86,13 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _device_sms(device: torch.device) -> int:
+    """SMs of a CUDA device (0 for any other)."""
+    if device.type != "cuda":
+        return 0
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[str, int]:
     """The state-pass kernel to launch and its V tile: the variant's small-grid copy (``*_small_kernel``,
     where its spec tunes one) when the grid of the first would hold fewer programs than the device has SMs."""
@@ -94,9 +101,7 @@ def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[
         if SMALL_GRID is not None:
             use = SMALL_GRID
         else:
-            sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-                if device.type == "cuda" else 0
-            use = NH * _cdiv(V, ks.constexprs(name)["BV"]) < sms
+            use = NH * _cdiv(V, ks.constexprs(name)["BV"]) < _device_sms(device)
         if use:
             name = small
     return name, ks.constexprs(name)["BV"]
@@ -306,7 +311,7 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
     for stage in (FWD_H, BWD_DH):
         name, bv = _pass_kernel(ks, stage, N * H, V, q.device)
         grids.append((N * H * _cdiv(V, bv), ks.resident_per_sm(name, q.device)))
-    return grids_fit(grids, _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device()))
+    return grids_fit(grids, _device_sms(q.device))
 
 
 def _capturing() -> bool:
@@ -332,7 +337,8 @@ def _states_beside_reverse_pass(ks, v, saved, pr: Prep, do: torch.Tensor, dht: t
     sequential programs, too few to fill the device alone. The current stream waits for the side one before
     the token pass."""
     dev = saved["q"].device
-    h, u = chunk_states(ks, v, saved, pr, side=_side_stream(dev))
+    side = _side_stream(dev)
+    h, u = chunk_states(ks, v, saved, pr, side=side)
     dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
-    torch.cuda.current_stream(dev).wait_stream(_side_stream(dev))
+    torch.cuda.current_stream(dev).wait_stream(side)
     return h, u, dh, dr, dh0

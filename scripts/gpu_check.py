@@ -275,71 +275,51 @@ class Worker:
         C.sync(self.device)
         return {"compile_and_first_call_s": time.perf_counter() - t0, "errors": C.errors(comp, eager)}
 
-
     def overlap(self) -> dict[str, Any]:
         """The backward with the states pass on a side stream (chunk_driver.OVERLAP = True) against the same
         backward on one stream (False): the same kernels on the same inputs, so every output must be equal."""
         from dplr_gen import chunk_driver
 
-        pkg = self.package()
         case = Case(1, 64, 1, 64, "float32", 32) if self.dry else CASES["D64"]
-        f = _rwkv7_step_op(pkg)
+        op, _ = C.load_op(C.SYSTEMS["dplr-fast"], self.cfg["package"])
         x = self.inputs(case)
         do, dht = C.grad_outputs(x, case.seed)
+        # would the driver pick the side stream here by itself (the variant's knob, the grid)?
+        picked = C.overlap_picked(self.cfg["package"], x) if x["r"].is_cuda else None
         out = {}
         try:
             for mode in (False, True):
                 chunk_driver.OVERLAP = mode
-                out[mode] = C.fwd_bwd(f, C.leaves(x), do, dht)
-            chunk_driver.OVERLAP = None
-            q, picked = x["r"], None
-            if q.is_cuda:  # would the driver pick the side stream here by itself (the variant's knob, the grid)?
-                from dplr_gen.ops import _kernels, _select
-
-                name = _select(str(pkg.dir), "chunk", q.dtype, case.D, case.D, False, lower_bound=C.GATE_BOUND,
-                               gate_dtype=x["w"].dtype)
-                picked = chunk_driver._overlap(_kernels(str(pkg.dir), name, q.device)[0], q, case.B, case.D)
+                out[mode] = C.fwd_bwd(op, C.leaves(x), do, dht)
         finally:
             chunk_driver.OVERLAP = None
         return {"picked_by_driver": picked, "errors": C.errors(out[True], out[False])}
-
 
     def graph(self) -> dict[str, Any]:
         """One training step (forward, then torch.autograd.grad) captured in a CUDA graph after two warm-up
         steps on a side stream (PyTorch's recipe), replayed, against the eager step on the same inputs."""
         import torch
 
-        pkg = self.package()
         case = Case(1, 64, 1, 64, "float32", 33) if self.dry else CASES["D64"]
-        f = _rwkv7_step_op(pkg)
+        op, _ = C.load_op(C.SYSTEMS["dplr-fast"], self.cfg["package"])
         x = self.inputs(case)
         do, dht = C.grad_outputs(x, case.seed)
-        eager = C.fwd_bwd(f, C.leaves(x), do, dht)
+        eager = C.fwd_bwd(op, C.leaves(x), do, dht)
         if self.dry:  # no CUDA graphs on the CPU: the eager step against itself
-            return {"captured": False, "errors": C.errors(C.fwd_bwd(f, C.leaves(x), do, dht), eager)}
+            return {"captured": False, "errors": C.errors(C.fwd_bwd(op, C.leaves(x), do, dht), eager)}
         xl = C.leaves(x)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                C.fwd_bwd(f, xl, do, dht)
+                C.fwd_bwd(op, xl, do, dht)
         torch.cuda.current_stream().wait_stream(side)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            out = C.fwd_bwd(f, xl, do, dht)
+            out = C.fwd_bwd(op, xl, do, dht)
         g.replay()
         torch.cuda.synchronize()
         return {"captured": True, "errors": C.errors(out, eager)}
-
-
-def _rwkv7_step_op(pkg: Any) -> Any:
-    """The package's chunk_rwkv7 (bound -0.61, scale 1, final state out) as a C.fwd_bwd op."""
-
-    def f(xl: Any, cu: Any = None, cu_cpu: Any = None) -> Any:
-        return pkg.chunk_rwkv7(r=xl["r"], w=xl["w"], k=xl["k"], v=xl["v"], a=xl["a"], b=xl["b"], scale=1.0,
-                               initial_state=xl["h0"], output_final_state=True, lower_bound=C.GATE_BOUND)
-
-    return f
 
 
 def worker_main(cfg: dict[str, Any], jobs: list[str]) -> int:
