@@ -124,7 +124,7 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         do, dht = C.grad_outputs(x, 7)
         prep_args = (ks, info, x["r"], x["k"], x["a"], x["b"], x["w"], None, saved["n_slots"])
         pr = drv.chunk_prep(*prep_args, for_bwd=True)
-        dh, dr, _ = drv.chunk_dplr_bwd_dh(ks, info, saved, pr, do, dht)
+        dh, dr = drv.chunk_dplr_bwd_dh(ks, info, saved, pr, do, dht)[:2]
         h, u = saved["states"]
         fns = {
             "prep": lambda: drv.chunk_prep(*prep_args),

@@ -123,8 +123,9 @@ def _cu_map(cu_seqlens: torch.Tensor | None, chunk_map: torch.Tensor | None, C: 
 class Prep(NamedTuple):
     """What the chunk-parallel prep writes per chunk slot (input dtype unless noted): W [C, K], M [C, C], the
     gate-scaled state-step operands (B e^(gamma_C - gamma))^T and (K e^(gamma_C - gamma))^T [K, C], e^gamma_C
-    [K] (fp32); then for the forward x1 = A_qk, x2 = A_qb [C, C], x3 = Q e^gamma [C, K] (x4 unused); for the
-    reverse pass x1 = Y [C, K], x2 = P [C, C], x3 = (Q e^gamma)^T, x4 = (A e^gamma')^T [K, C]."""
+    [K] (fp32); then for the forward x1 = A_qk, x2 = A_qb [C, C], x3 = Q e^gamma [C, K] (x4 to x6 unused); for
+    the reverse pass x1 = Y [C, K], x2 = P [C, C], x3 = (Q e^gamma)^T, x4 = (A e^gamma')^T [K, C], x5 = A_qk^T,
+    x6 = A_ak^T [C, C]."""
     w: torch.Tensor | None
     m: torch.Tensor | None
     bwt: torch.Tensor | None
@@ -134,6 +135,8 @@ class Prep(NamedTuple):
     x2: torch.Tensor
     x3: torch.Tensor
     x4: torch.Tensor | None
+    x5: torch.Tensor | None
+    x6: torch.Tensor | None
 
 
 def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False,
@@ -146,11 +149,12 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     w, m, bwt, kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device)
                                   for shape in (ck, cc, ck, ck, ck if for_bwd else cc, cc, ck))
     egc = _empty((n_slots, H, K), torch.float32, q.device)
-    x4 = _empty(ck, q.dtype, q.device) if for_bwd else None
+    x4, x5, x6 = ((_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device), _empty(cc, q.dtype, q.device))
+                  if for_bwd else (None, None, None))
     getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
-        q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, *([x4] if for_bwd else []),
+        q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, *([x4, x5, x6] if for_bwd else []),
         *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
-    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4)
+    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6)
 
 
 def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True):
@@ -227,10 +231,10 @@ def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None) 
     return h, u
 
 
-def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor,
-                      dht: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The reverse pass (with the backward prep's Y, P and scaled operands): dS at the end of every token-pass
-    chunk (``dh`` [its slots, H, K, V]), dR (as v) and d(initial state) (fp32)."""
+def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tensor | None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reverse pass (with the backward prep's Y, P, A_qk^T, A_ak^T and scaled operands): dS at the end of
+    every token-pass chunk (``dh`` [its slots, H, K, V]), dR (as v), d(initial state) (fp32) and dv."""
     q = saved["q"]
     scale, cu_seqlens, N = saved["scale"], saved["cu_seqlens"], saved["N"]
     _, T, H, K = q.shape
@@ -242,54 +246,57 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor,
     dh = _empty((saved["n_tslots"], H, K, V), boundary_dtype(q), dev)
     dh0 = _empty((N, H, K, V), torch.float32, dev)
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
+    dv = _empty(saved["v"].shape, saved["v"].dtype, dev)
     name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
     getattr(ks, name)[(N * H, _cdiv(V, bv))](
-        pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, do, dht, dh, dh0, dr, *_cu(cu_seqlens), scale, T, H)
-    return dh, dr, dh0
+        pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv,
+        *_cu(cu_seqlens), scale, T, H)
+    return dh, dr, dh0, dv
 
 
 def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: torch.Tensor, dh: torch.Tensor,
-                          dr: torch.Tensor, dv_over_dr: bool = False, dq_over_u: bool = False,
+                          dr: torch.Tensor, dk_over_dr: bool = False, dq_over_u: bool = False,
                           ) -> tuple[torch.Tensor, ...]:
-    """The chunk-parallel pass: (dq, dk, dv, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR.
-    ``dv_over_dr``: dv is written over dR (same shape and dtype); ``dq_over_u``: dq over U where U has dq's
-    shape and dtype (K = V; pass it only where U is this backward's scratch): a [B, T, H, V] buffer less each
-    at the peak of the backward.
-    Safe: each program reads the dR and U rows of its (chunk, head) before it writes dv and dq at the same
-    elements (dv per V tile, after that tile's loads; dq after the V loop), and no other program touches them."""
+    """The chunk-parallel pass: (dq, dk, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR.
+    ``dk_over_dr``: dk is written over dR, ``dq_over_u``: dq over U, each where the two have the same shape
+    and dtype (K = V; U only where it is this backward's scratch): a [B, T, H, V] buffer less each at the peak
+    of the backward.
+    Safe: each program reads the dR and U rows of its (chunk, head) in its V loop, before it writes dk and dq
+    at the same elements (after the loop), and no other program touches them."""
     q, k, v_, a, b, gk = (saved[n] for n in ("q", "k", "v", "a", "b", "gk"))
     scale, cu_seqlens, n_tslots = saved["scale"], saved["cu_seqlens"], saved["n_tslots"]
     _, T, H, _ = q.shape
     dev = q.device
     dq = u if dq_over_u and u.shape == q.shape and u.dtype == q.dtype else _empty(q.shape, q.dtype, dev)
-    dk = _empty(k.shape, k.dtype, dev)
-    dv = dr if dv_over_dr else _empty(v_.shape, v_.dtype, dev)
+    dk = dr if dk_over_dr and dr.shape == k.shape and dr.dtype == k.dtype else _empty(k.shape, k.dtype, dev)
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(b.shape, b.dtype, dev)
     dg = _empty(gk.shape, gk.dtype, dev)
     getattr(ks, BWD)[(n_tslots * H,)](
-        q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, dv, da, db, dg,
+        q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
         *_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), scale, T, H)
-    return dq, dk, dv, da, db, dg
+    return dq, dk, da, db, dg
 
 
 def chunk_dplr_bwd(ks, v, saved, do, dht):
     """Returns (dq, dk, dv, da, db, dgk, dh0): gradients in the input dtypes, dgk in the gate dtype, dh0 fp32.
-    Launches: the backward prep; the states pass if ``saved`` has no states; the reverse pass; the token pass."""
+    Launches: the backward prep; the states pass if ``saved`` has no states; the reverse pass (which also
+    writes dv); the token pass."""
     do = do.contiguous()
     q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
     pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
                     chunk_map=saved["chunk_map"])
     recomputed = saved["states"] is None  # else h and U are the forward's, saved by autograd: read only
     if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1]):
-        h, u, dh, dr, dh0 = _states_beside_reverse_pass(ks, v, saved, pr, do, dht)
+        h, u, dh, dr, dh0, dv = _states_beside_reverse_pass(ks, v, saved, pr, do, dht)
     else:
         h, u = chunk_states(ks, v, saved, pr) if recomputed else saved["states"]
-        pr = pr._replace(w=None, m=None, bwt=None, kwt=None)  # freed before the reverse pass allocates
-        dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
+        pr = pr._replace(w=None, m=None, bwt=None)  # freed before the reverse pass allocates
+        dh, dr, dh0, dv = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     del pr
-    return (*chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dv_over_dr=True,
-                                   dq_over_u=recomputed), dh0)
+    dq, dk, da, db, dg = chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dk_over_dr=True,
+                                               dq_over_u=recomputed)
+    return dq, dk, dv, da, db, dg, dh0
 
 
 def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
@@ -332,13 +339,13 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def _states_beside_reverse_pass(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tensor | None):
-    """(h, u, dh, dr, dh0): the states pass on a side stream while the reverse pass runs on the current one.
+    """(h, u, dh, dr, dh0, dv): the states pass on a side stream while the reverse pass runs on the current one.
     Neither reads the other's outputs (both read the prep's and the inputs), and each is a few hundred
     sequential programs, too few to fill the device alone. The current stream waits for the side one before
     the token pass."""
     dev = saved["q"].device
     side = _side_stream(dev)
     h, u = chunk_states(ks, v, saved, pr, side=side)
-    dh, dr, dh0 = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
+    dh, dr, dh0, dv = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     torch.cuda.current_stream(dev).wait_stream(side)
-    return h, u, dh, dr, dh0
+    return h, u, dh, dr, dh0, dv

@@ -427,10 +427,10 @@ def test_gate_dtype_fp32_with_fp16_inputs():
 
 
 @pytest.mark.parametrize("varlen, K", [(False, 16), (True, 32)])
-def test_dv_dq_written_over_dr_u(varlen, K):
-    """chunk_dplr_bwd lets the token pass write dv over dR and (K = V) dq over U: the same bits as into fresh
-    NaN-poisoned buffers (which shows that every element is written), and the buffers handed back are dR's
-    and U's own."""
+def test_dk_dq_written_over_dr_u(varlen, K):
+    """chunk_dplr_bwd lets the token pass write dk over dR and dq over U where they have the same shape (K = V):
+    the same bits as into fresh NaN-poisoned buffers (which shows that every element is written), and the
+    buffers handed back are dR's and U's own."""
     v = make_variant("fp32", K=K, V=32, chunk_size=16, varlen=varlen)
     ks = load(v)
     lens = [5, 16, 20] if varlen else None
@@ -445,7 +445,7 @@ def test_dv_dq_written_over_dr_u(varlen, K):
     pr = chunk_driver.chunk_prep(ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], cu, saved["n_slots"],
                                  for_bwd=True, chunk_map=saved["chunk_map"])
     h, u = chunk_driver.chunk_states(ks, v, saved, pr)
-    dh, dr, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, torch.randn_like(ht))
+    dh, dr, _, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, torch.randn_like(ht))
     chunk_driver.POISON = True
     try:
         fresh = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr)
@@ -453,10 +453,10 @@ def test_dv_dq_written_over_dr_u(varlen, K):
         chunk_driver.POISON = False
     assert not any(g.isnan().any() for g in fresh)
     dr_ptr, u_ptr = dr.data_ptr(), u.data_ptr()
-    over = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dv_over_dr=True,
-                                              dq_over_u=K == 32)
-    assert over[2].data_ptr() == dr_ptr and (over[0].data_ptr() == u_ptr) == (K == 32)
-    for n, a, b in zip(("q", "k", "v", "a", "b", "gk"), fresh, over):
+    over = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dk_over_dr=True,
+                                              dq_over_u=True)
+    assert (over[1].data_ptr() == dr_ptr) == (K == 32) and (over[0].data_ptr() == u_ptr) == (K == 32)
+    for n, a, b in zip(("q", "k", "a", "b", "gk"), fresh, over):
         assert torch.equal(a, b), n
 
 

@@ -8,12 +8,14 @@
 #   chunk_dplr_fwd_kernel     one program per (sequence * head, V-block): walks the chunks in order with the
 #                             state S[K, BV] on chip; per chunk only U = W S + M V, O and the next state.
 #   chunk_dplr_fwd_h_kernel   the same walk without O (the backward's recompute of the chunk-start states).
-#   chunk_dplr_prep_bwd_kernel  as the prep, with the products the reverse pass needs instead of A_qk, A_qb.
+#   chunk_dplr_prep_bwd_kernel  as the prep, with the products the reverse pass needs (for dR and dV) instead
+#                             of A_qk, A_qb.
 #   chunk_dplr_bwd_dh_kernel  one program per (sequence * head, V-block): walks the chunks backwards with
 #                             dS[K, BV] on chip (the reverse pass is itself a DPLR recurrence); writes the
-#                             gradient reaching each chunk's end state, dR = (I - A_ab)^-T dU, d(initial state).
+#                             gradient reaching each chunk's end state, dR = (I - A_ab)^-T dU, dV (per V-block,
+#                             it needs nothing summed over V) and d(initial state).
 #   chunk_dplr_bwd_kernel     one program per (chunk * head; its chunks may be longer, knob chunk.bwd.chunk):
-#                             every per-token gradient of one chunk, from the chunk-start state and U of
+#                             the other per-token gradients of one chunk, from the chunk-start state and U of
 #                             the forward, and dS of the chunk end and dR.
 #   *_small_kernel            (where the spec tunes fwd_small / bwd_dh_small) the state passes again with other
 #                             tiles and warps, for grids smaller than the device.
@@ -108,22 +110,6 @@ def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
 
 
 @triton.jit
-def _chunk_AT(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
-    """The transposes A_qk^T and A_ak^T (all the token pass needs), computed directly (no transposed dot
-    result)."""
-    o_c = tl.arange(0, BC)
-    Qf, Kf, Bf, Af, fq, fk, fa = _factors(q, k, a, b, gam, gamp, BC)
-    upp = o_c[:, None] <= o_c[None, :]
-    supp = o_c[:, None] < o_c[None, :]
-    Qf = Qf.to(tl.float32)
-    Kf = Kf.to(tl.float32)
-    Af = Af.to(tl.float32)
-    AqkT = tl.where(upp, _dot(Kf, tl.trans(Qf)), 0.)
-    AakT = tl.where(supp, _dot(Kf, tl.trans(Af)), 0.)
-    return AqkT, AakT
-
-
-@triton.jit
 def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
     """Gradients of q, k, a, b through the four A matrices (given their masked gradients)."""
     Qf, Kf, Bf, Af, fq, fk, fa = _factors(q, k, a, b, gam, gamp, BC)
@@ -181,7 +167,7 @@ def _load_qkab(q, k, a, b, p, m):
 
 @triton.jit
 def _prep(
-    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6,
     cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr,
 ):
@@ -190,7 +176,8 @@ def _prep(
     gate-scaled operands of the state step, (B e^(gamma_C - gamma))^T and (K e^(gamma_C - gamma))^T [K, C], and
     e^gamma_C [K] (fp32); then for the forward x1 = A_qk, x2 = A_qb [C, C], x3 = Q e^gamma [C, K]; for the
     reverse pass (FOR_BWD) x1 = Y = (I - A_ab)^-T B e^(gamma_C - gamma) [C, K], x2 = P = (I - A_ab)^-T A_qb^T
-    [C, C], with which dR = scale P dO + Y dS, and x3 = (Q e^gamma)^T, x4 = (A e^gamma')^T [K, C].
+    [C, C], with which dR = scale P dO + Y dS, x3 = (Q e^gamma)^T, x4 = (A e^gamma')^T [K, C], and x5 = A_qk^T,
+    x6 = A_ak^T [C, C], with which dV = scale A_qk^T dO + (K e^(gamma_C - gamma)) dS + A_ak^T dR.
     The scaled operands are rounded to the input dtype exactly as the passes' dots would round them: the
     passes then load them instead of re-deriving the gates (a cumsum and three exponentials per step of a
     sequential loop), and the [K, C] ones come transposed, so no transpose enters the loop-carried state."""
@@ -235,7 +222,10 @@ def _prep(
         YT = _dot(tl.trans(b_b * tl.exp(gend)), Tm)
         PT = _dot(Aqb, Tm)
         tl.store(x1 + base_ck + o_c[None, :] * K + o_k[:, None], YT.to(x1.dtype.element_ty), mask=m_k[:, None])
-        tl.store(x2 + base_cc + o_c[None, :] * BC + o_c[:, None], PT.to(x2.dtype.element_ty))
+        p_ccT = base_cc + o_c[None, :] * BC + o_c[:, None]
+        tl.store(x2 + p_ccT, PT.to(x2.dtype.element_ty))
+        tl.store(x5 + p_ccT, Aqk.to(x5.dtype.element_ty))
+        tl.store(x6 + p_ccT, Aak.to(x6.dtype.element_ty))
     else:
         tl.store(x1 + p_cc, Aqk.to(x1.dtype.element_ty))
         tl.store(x2 + p_cc, Aqb.to(x2.dtype.element_ty))
@@ -247,17 +237,17 @@ def chunk_dplr_prep_kernel(
     cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    # x4 is not written by the forward's prep: qw stands in for it
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, cu_seqlens, chunk_map, T, H, K, BC, BK, False)
+    # x4 to x6 are not written by the forward's prep: qw stands in for them
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, cu_seqlens, chunk_map, T, H, K, BC, BK, False)
 
 
 @triton.jit
 def chunk_dplr_prep_bwd_kernel(
-    q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt,
     cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, cu_seqlens, chunk_map, T, H, K, BC, BK, True)
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, cu_seqlens, chunk_map, T, H, K, BC, BK, True)
 
 
 @triton.jit
@@ -341,14 +331,15 @@ def chunk_dplr_fwd_h_kernel(
 
 @triton.jit
 def _reverse_pass(
-    qwt, awt, egc, y, p, do, dht, dh, dh0, dr,
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
     cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
-    per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P) and, at the end of each of the token pass's
-    chunks (16 tokens), dS (the gradient reaching that end state), then steps dS to the chunk start;
-    finally d(initial state)."""
+    per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P), dV (it contracts over K, never over V, so
+    each V-block has all it needs here, and the token pass holds fewer tiles) and, at the end of each of the
+    token pass's chunks (16 tokens), dS (the gradient reaching that end state), then steps dS to the chunk
+    start; finally d(initial state)."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -364,6 +355,8 @@ def _reverse_pass(
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]
     o_kc = o_k[:, None] * BC + o_c[None, :]
+    o_ck_t = o_c[:, None] + o_k[None, :] * BC  # a [K, C] operand read as its [C, K] transpose
+    o_cc = o_c[:, None] * BC + o_c[None, :]
     dS = tl.load(dht + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
     for i_r in range(NT):
         i_t = NT - 1 - i_r
@@ -379,14 +372,21 @@ def _reverse_pass(
         m_y = m_c[:, None] & m_v[None, :]
         b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.bfloat16)
         b_y = tl.load(y + p_s * BC * K + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
-        b_p = tl.load(p + p_s * BC * BC + o_c[:, None] * BC + o_c[None, :])
+        b_p = tl.load(p + p_s * BC * BC + o_cc)
         # the prep's gate-scaled operands: (Q e^gamma)^T, (A e^gamma')^T, e^gamma_C
         b_qwt = tl.load(qwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
         b_awt = tl.load(awt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
         b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
         # dR = (I - A_ab)^-T dU, dU = scale A_qb^T dO + (B e^(gamma_C - gamma)) dS  (chunk_dplr_prep_bwd_kernel)
-        dR = (scale * _dot(b_p, b_do) + _dot(b_y, dS.to(tl.bfloat16))).to(tl.bfloat16)
+        dS_dt = dS.to(tl.bfloat16)
+        dR = (scale * _dot(b_p, b_do) + _dot(b_y, dS_dt)).to(tl.bfloat16)
         tl.store(dr + p_y, dR, mask=m_y)  # for the token pass
+        # dV = scale A_qk^T dO + (K e^(gamma_C - gamma)) dS + A_ak^T dR, each product accumulated onto the last
+        # (one MMA layout per sum, _dot_acc)
+        b_kw = tl.load(kwt + p_s * BC * K + o_ck_t, mask=m_k[None, :], other=0.)
+        b_dv = _dot_acc(b_kw, dS_dt, scale * _dot(tl.load(aqkt + p_s * BC * BC + o_cc), b_do))
+        b_dv = _dot_acc(tl.load(aakt + p_s * BC * BC + o_cc), dR, b_dv)
+        tl.store(dv + p_y, b_dv.to(dv.dtype.element_ty), mask=m_y)
         # dS0 = e^gamma_C dS + scale (Q e^gamma)^T dO + (A e^gamma')^T dR
         dS = dS * b_eg[:, None] + scale * _dot(b_qwt, b_do) + _dot(b_awt, dR)
     tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, dS, mask=m_kv)
@@ -394,16 +394,17 @@ def _reverse_pass(
 
 @triton.jit
 def chunk_dplr_bwd_dh_kernel(
-    qwt, awt, egc, y, p, do, dht, dh, dh0, dr,
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
     cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _reverse_pass(qwt, awt, egc, y, p, do, dht, dh, dh0, dr, cu_seqlens, scale, T, H, K, V, BC, BK, BV)
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, cu_seqlens, scale, T, H,
+                  K, V, BC, BK, BV)
 
 
 @triton.jit
 def chunk_dplr_bwd_kernel(
-    q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, dv, da, db, dg,
+    q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
     cu_seqlens, chunk_map, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -425,12 +426,8 @@ def chunk_dplr_bwd_kernel(
     Bw = (b_b * ed).to(tl.bfloat16)
     Kw = (b_k * ed).to(tl.bfloat16)
 
-    # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel): of the A
-    # matrices only A_qk^T and A_ak^T are needed here (for dV)
-    AqkT, AakT = _chunk_AT(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
-    AqkT_dt = AqkT.to(tl.bfloat16)
-    AakT_dt = AakT.to(tl.bfloat16)
-
+    # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel), and so does
+    # dV (the reverse pass): no A matrix is needed before the V loop
     dAqk = tl.zeros([BC, BC], dtype=tl.float32)
     dAqb = tl.zeros([BC, BC], dtype=tl.float32)
     dAak = tl.zeros([BC, BC], dtype=tl.float32)
@@ -462,9 +459,6 @@ def chunk_dplr_bwd_kernel(
         dR = tl.load(dr + p_y, mask=m_y, other=0.)
 
         # every product accumulated onto the last: one MMA layout per sum (_dot_acc)
-        b_dv = _dot_acc(AakT_dt, dR, _dot_acc(Kw, dS.to(tl.bfloat16), scale * _dot(AqkT_dt, b_do)))
-        tl.store(dv + p_y, b_dv.to(dv.dtype.element_ty), mask=m_y)
-
         dAqk = _dot_acc(b_do, b_vT, dAqk)
         dAqb = _dot_acc(b_do, UT, dAqb)
         dAak = _dot_acc(dR, b_vT, dAak)
@@ -532,12 +526,15 @@ SIGNATURES = {
         "q": "*bf16", "k": "*bf16", "a": "*bf16", "b": "*bf16", "gk": "*fp32",
         "w": "*bf16", "m": "*bf16", "bwt": "*bf16", "kwt": "*bf16", "egc": "*fp32",
         "y": "*bf16", "p": "*bf16", "qwt": "*bf16", "awt": "*bf16",
+        "aqkt": "*bf16", "aakt": "*bf16",
         "cu_seqlens": "*i32", "chunk_map": "*i32",
         "T": "i32", "H": "i32",
     },
     "chunk_dplr_bwd_dh_kernel": {
         "qwt": "*bf16", "awt": "*bf16", "egc": "*fp32", "y": "*bf16", "p": "*bf16",
+        "kwt": "*bf16", "aqkt": "*bf16", "aakt": "*bf16",
         "do": "*bf16", "dht": "*fp32", "dh": "*bf16", "dh0": "*fp32", "dr": "*bf16",
+        "dv": "*bf16",
         "cu_seqlens": "*i32",
         "scale": "fp32", "T": "i32", "H": "i32",
     },
@@ -545,7 +542,7 @@ SIGNATURES = {
         "q": "*bf16", "k": "*bf16", "v": "*bf16", "a": "*bf16", "b": "*bf16",
         "gk": "*fp32", "h": "*bf16", "dh": "*bf16", "u": "*bf16", "dr": "*bf16",
         "do": "*bf16",
-        "dq": "*bf16", "dk": "*bf16", "dv": "*bf16", "da": "*bf16", "db": "*bf16",
+        "dq": "*bf16", "dk": "*bf16", "da": "*bf16", "db": "*bf16",
         "dg": "*fp32",
         "cu_seqlens": "*i32", "chunk_map": "*i32",
         "scale": "fp32", "T": "i32", "H": "i32",
