@@ -571,7 +571,7 @@ CONSTEXPRS = {
     "chunk_dplr_fwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
     "chunk_dplr_fwd_h_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
     "chunk_dplr_bwd_dh_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
-    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 32, "BK": 128, "BV": 16},
+    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 32, "BK": 128, "BV": 32},
 }
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap)
 OPTIONS = {"overlap_state_passes": True}
