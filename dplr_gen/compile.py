@@ -88,9 +88,10 @@ def run_job(job: CompileJob) -> CompileOutcome:
                 print(COMPILING_PREFIX + name, flush=True)
                 t0 = time.perf_counter()
                 try:
+                    launch = dict(module.LAUNCH[name])  # num_warps, num_stages, then compiler options (maxnreg)
                     res = triton_compat.compile_kernel(
                         getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name], job.cc,
-                        **module.LAUNCH[name],
+                        launch.pop("num_warps"), launch.pop("num_stages"), launch,
                     )
                 except Exception as e:
                     e.dplr_gen_kernel = name  # type: ignore[attr-defined]

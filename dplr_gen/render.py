@@ -21,6 +21,15 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def launch(knobs: Any) -> str:
+    """A stage's launch options as the Python dict literal of a template's LAUNCH table: warps, stages and,
+    where the spec caps them, the registers per thread (Triton's compiler option maxnreg)."""
+    opts = {"num_warps": knobs.num_warps, "num_stages": knobs.num_stages}
+    if knobs.max_registers:
+        opts["maxnreg"] = knobs.max_registers
+    return "{" + ", ".join(f'"{k}": {int(x)}' for k, x in opts.items()) + "}"
+
+
 @functools.cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -32,6 +41,7 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.globals["next_pow2"] = next_pow2
+    env.globals["launch"] = launch
     return env
 
 

@@ -74,6 +74,9 @@ class Knobs(_Strict):
     block_v: int | None = Field(None, ge=16, le=256)
     num_warps: Literal[1, 2, 4, 8, 16] | None = None
     num_stages: int | None = Field(None, ge=1, le=8)
+    # registers per thread the compiler may use (PTX .maxnreg; Triton's maxnreg): fewer registers, more
+    # programs resident per SM, paid for in spills to local memory. None: the compiler's choice (up to 255).
+    max_registers: int | None = Field(None, ge=64, le=255)
     # stage chunk.bwd only: the token pass walks chunks of this many tokens (at least the variant's chunk size;
     # the state passes then store every (chunk / chunk_size)-th boundary state). Not 64: the registry's chunk-64
     # entries key on the variant's chunk size, so a chunk-64 token pass would escape them.

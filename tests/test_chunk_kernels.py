@@ -28,7 +28,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-import jinja2  # noqa: E402
+from dplr_gen.render import environment  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -87,14 +87,13 @@ def make_variant(dtype="fp32", K=32, V=None, chunk_size=16, varlen=False, gate_b
 ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template's default tiles are the widest
 
 
-def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None):
+def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None, max_registers=None):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
-                           chunk=chunk, overlap=overlap)
+                           chunk=chunk, overlap=overlap, max_registers=max_registers)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env = environment()  # the generator's own strict environment, with its globals
     tune = tune or {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs()}
     flags = flags or _default_flags()
     return env.get_template(TEMPLATE).render(v=v, tune=tune, flags=flags, arch=arch,

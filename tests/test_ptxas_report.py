@@ -23,7 +23,7 @@ variants:
     head_dims: [64]
     varlen: [false]
 tuning:
-  fused_recurrent.fwd: {{num_warps: {warps}}}
+  fused_recurrent.fwd: {{num_warps: {warps}{extra}}}
 """
 
 
@@ -34,12 +34,14 @@ def _report_module():
     return mod
 
 
-def _build(tmp_path: Path, warps: int) -> Path:
-    spec = tmp_path / f"regs{warps}.yaml"
-    spec.write_text(SPEC.format(warps=warps).replace("name: regs", f"name: regs{warps}"))
+def _build(tmp_path: Path, warps: int, max_registers: int | None = None, name: str | None = None) -> Path:
+    name = name or f"regs{warps}"
+    spec = tmp_path / f"{name}.yaml"
+    extra = f", max_registers: {max_registers}" if max_registers else ""
+    spec.write_text(SPEC.format(warps=warps, extra=extra).replace("name: regs", f"name: {name}"))
     report = b.build(spec, jobs=2, out_root=tmp_path / "gen")
     assert not report.failures, report.failures
-    return tmp_path / "gen" / f"regs{warps}"
+    return tmp_path / "gen" / name
 
 
 def test_report_reads_every_kernel_of_a_built_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,3 +69,15 @@ def test_unbuilt_package_is_named(tmp_path: Path) -> None:
     (tmp_path / "p").mkdir()
     with pytest.raises(SystemExit, match="no manifest.json"):
         _report_module().report(tmp_path / "p")
+
+
+def test_register_cap_is_compiled_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage's max_registers knob reaches the compiler: the ahead-of-time kernel uses at most that many
+    registers a thread (ptxas on the PTX the build kept), where the uncapped one uses more."""
+    monkeypatch.setenv("DPLR_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    mod = _report_module()
+    free = {r["unit"].rsplit("__", 1)[1]: r for r in mod.report(_build(tmp_path, 1, name="free"))}
+    capped = {r["unit"].rsplit("__", 1)[1]: r for r in mod.report(_build(tmp_path, 1, 64, name="capped"))}
+    assert set(free) == set(capped) == {"sm_80", "sm_90"}
+    for arch in free:
+        assert free[arch]["registers"] > 64 >= capped[arch]["registers"], (free[arch], capped[arch])

@@ -161,6 +161,8 @@ def test_quirk_caps_win_over_variant_tuning(tmp_path: Path) -> None:
          "tuning: {chunk.bwd: {overlap: true}}\n", "tuning.chunk.bwd.overlap: only chunk.bwd_dh"),
         ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
          "tuning: {chunk.bwd_dh: {overlap: sometimes}}\n", "tuning.chunk.bwd_dh.overlap"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "tuning: {chunk.bwd: {max_registers: 300}}\n", "tuning.chunk.bwd.max_registers"),
     ],
 )
 def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None:
@@ -249,3 +251,22 @@ def test_overlap_knob_reaches_the_rendered_options(tmp_path: Path) -> None:
     ns = {}
     exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102
     assert ns["OPTIONS"] == {"overlap_state_passes": False}
+
+
+def test_register_cap_reaches_the_launch_table(tmp_path: Path) -> None:
+    """chunk.bwd.max_registers becomes the token pass's LAUNCH option maxnreg (Triton's compiler option), for the
+    variants its rule matches; every other kernel's launch options stay warps and stages only."""
+    from dplr_gen.render import render_unit
+
+    text = GOOD + "variant_tuning:\n  - when: {K: [64]}\n    tuning:\n      chunk.bwd: {max_registers: 168}\n"
+    units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
+    seen = set()
+    for u in units:
+        ns: dict = {}
+        exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102 - our own rendered source
+        for kernel, launch in ns["LAUNCH"].items():
+            capped = u.variant.op == "chunk" and u.variant.K == 64 and kernel == "chunk_dplr_bwd_kernel"
+            assert launch.get("maxnreg") == (168 if capped else None), (u.name, kernel, launch)
+            assert set(launch) <= {"num_warps", "num_stages", "maxnreg"}
+            seen.add(capped)
+    assert seen == {True, False}

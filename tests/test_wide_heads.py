@@ -89,8 +89,11 @@ def test_chunk_forward_backward(pkg, monkeypatch: pytest.MonkeyPatch, K: int, V:
     assert pkg.variants[name].gate_bound == lower_bound
     src = (pkg.dir / pkg.index["variants"][name]["targets"]["sm_80"]["source"]).read_text()
     assert re.findall(r'"BV": (\d+)', src) == ["16"] * 4  # several V blocks in every kernel with a V tile
-    # the bounded backward loads its inputs a second time, after the V loop
-    assert src.count("b_q, b_k, b_a, b_b = _load_qkab(") == 2 + (lower_bound is not None)
+    # the bounded token pass loads its inputs only after its V loop (no [C, K] input tile kept through it);
+    # the exact one before it
+    token_pass = src[src.index("def chunk_dplr_bwd_kernel("):]
+    after = token_pass.index("_load_inputs(") > token_pass.index("for i_v in range(")
+    assert token_pass.count("_load_inputs(") == 1 and after == (lower_bound is not None)
     # T not a multiple of the chunk; one head for the exact (any gate) path, whose row loops are slow here
     x = rwkv7_inputs(1, 37, 1 if lower_bound is None else 2, K, V, dtype=torch.float32)
     errs = fwd_bwd_errors(functools.partial(ops.chunk_dplr_delta_rule, package=pkg), x, lower_bound=lower_bound)

@@ -1,0 +1,121 @@
+"""Time the token pass (chunk_dplr_bwd_kernel) of one generated unit as shipped and under edits, on the GPU.
+
+    python scripts/time_token_edits.py generated/hopper/<unit>/sm_90.py --shape 4x4096x32 [--edits FILE.json]
+
+An edit is a launch-option override ({"launch": {"maxnreg": 168}}), a constexpr override ({"consts": {"BV": 64}})
+and/or text replacements in the unit's source
+({"replace": [[old, new], ...]}): ablations (a part of the kernel removed, to see what it costs) and candidates
+alike. Each form is JIT-compiled from its own copy of the source and timed with triton.testing.do_bench on the
+same random bf16 inputs (never zeros); the medians, registers and spills Triton reports go to stdout and to
+$OUT/token_edits_<shape>.json. Ablated forms compute wrong gradients: their times say where the time goes,
+nothing more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+KERNEL = "chunk_dplr_bwd_kernel"
+
+
+def load_module(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+DTYPES = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}
+
+
+def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: str = "cuda") -> list[Any]:
+    """Random inputs in the dtypes of the unit's signature (dense: no cu_seqlens), outputs allocated."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    n = B * triton.cdiv(T, TC)
+    scale = {"q": 0.5, "k": 0.5, "a": 0.1, "b": 0.1}
+    args: list[Any] = []
+    for name, ty in sig.items():
+        if name == "scale":
+            args.append(K ** -0.5)
+        elif name in ("T", "H"):
+            args.append(T if name == "T" else H)
+        elif name == "gk":
+            args.append((-torch.rand(B, T, H, K, generator=g, device=dev) * 0.6).to(DTYPES[ty]))
+        elif name in ("dq", "dk", "da", "db", "dg"):
+            args.append(torch.empty(B, T, H, K, device=dev, dtype=DTYPES[ty]))
+        else:
+            shape = (n, H, K, K) if name in ("h", "dh") else (B, T, H, K)
+            args.append((torch.randn(*shape, generator=g, device=dev) * scale.get(name, 1.0)).to(DTYPES[ty]))
+    return args
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("source", type=Path)
+    ap.add_argument("--shape", default="4x4096x32")
+    ap.add_argument("--edits", type=Path, help="JSON: {name: {replace: [[old, new]], launch: {...}}}")
+    args = ap.parse_args()
+    B, T, H = (int(x) for x in args.shape.split("x"))
+    text = args.source.read_text()
+    edits: dict[str, dict[str, Any]] = {"shipped": {}}
+    if args.edits:
+        edits.update(json.loads(args.edits.read_text()))
+    base = load_module(args.source, "unit_shipped")
+    consts, launch0 = base.CONSTEXPRS[KERNEL], base.LAUNCH[KERNEL]
+    K, TC = consts["K"], consts["BC"]
+    if "cu_seqlens" in base.SIGNATURES[KERNEL]:
+        raise SystemExit("dense units only")
+    xs = inputs(base.SIGNATURES[KERNEL], B, T, H, K, TC)
+    grid = (B * triton.cdiv(T, TC) * H,)
+    rows = []
+    tmp = Path(tempfile.mkdtemp())
+    for name, e in edits.items():
+        src = text
+        for old, new in e.get("replace", []):
+            if old not in src:
+                raise SystemExit(f"edit {name}: text not found: {old[:80]!r}")
+            src = src.replace(old, new)
+        path = tmp / f"unit_{name}.py"
+        path.write_text(src)
+        mod = load_module(path, f"unit_{name}")
+        launch = {**launch0, **e.get("launch", {})}
+        kconsts = {**consts, **e.get("consts", {})}
+        fn = getattr(mod, KERNEL)
+
+        def run() -> None:
+            fn[grid](*xs, **kconsts, **launch)
+
+        run()
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(run, warmup=25, rep=200)
+        regs = spills = None
+        try:  # Triton's JIT cache is internal: registers and spills are a bonus, not the measurement
+            k = next(iter(fn.device_caches[torch.cuda.current_device()][0].values()))
+            k._init_handles()
+            regs, spills = k.n_regs, k.n_spills
+        except Exception:  # noqa: BLE001
+            pass
+        rows.append({"edit": name, "ms": round(ms, 4), "launch": launch, "constexprs": kconsts, "n_regs": regs,
+                     "n_spills": spills})
+        print(f"{args.shape} {name:>24}: {ms:.4f} ms  regs {regs} spills {spills}", flush=True)
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"token_edits_{args.shape}.json").write_text(json.dumps({
+        "source": str(args.source), "shape": [B, T, H, K], "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
