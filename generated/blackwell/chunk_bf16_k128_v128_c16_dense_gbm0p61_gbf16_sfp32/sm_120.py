@@ -54,10 +54,20 @@ def _gates(gk, p, tok, m_k, lenc, sT):
     """Log-decays of one chunk in a [C, BK] tile (p: element offsets of the tile, tok: the chunk-relative
     token index [C, 1], sT: the element stride between tokens).
     Returns (g, gamma, gamma', decay-to-chunk-end exponent, gamma_C [1, BK])."""
-    m = (tok < lenc) & m_k
-    g = tl.load(gk + p, mask=m, other=0.).to(tl.float32)
+    return _gates_of(tl.load(gk + p, mask=(tok < lenc) & m_k, other=0.), gk, p, tok, m_k, lenc, sT, False)
+
+
+@triton.jit
+def _gates_of(g, gk, p, tok, m_k, lenc, sT, SCAN_AS_DOT: tl.constexpr):
+    """_gates from the chunk's gate tile g, already loaded (zero outside the chunk). SCAN_AS_DOT (finite gates
+    only): the cumulative sum over tokens as a product with the lower-triangular ones, fp32 on the CUDA cores."""
+    g = g.to(tl.float32)
     g = tl.maximum(g, -0.61)  # declared bound: keeps every exponent of the factored form finite
-    gam = tl.cumsum(g, 0)
+    if SCAN_AS_DOT:
+        o_r = tl.arange(0, g.shape[0])
+        gam = tl.dot(tl.where(o_r[:, None] >= o_r[None, :], 1., 0.), g, input_precision="ieee")
+    else:
+        gam = tl.cumsum(g, 0)
     gamp = gam - g
     gC = tl.expand_dims(tl.sum(g, 0), 0)
     gend = gC - gam
@@ -156,6 +166,28 @@ def _load_qkab(q, k, a, b, p, m):
     b_a = tl.load(a + p, mask=m, other=0.).to(tl.float32)
     b_b = tl.load(b + p, mask=m, other=0.).to(tl.float32)
     return b_q, b_k, b_a, b_b
+
+
+@triton.jit
+def _token_gates(r_q, r_k, r_a, r_b, r_g, gk, p, tok, m_k, lenc, sT):
+    """The token pass's view of its loaded input tiles: q, k, a, b in fp32, the gates (g, gamma, gamma',
+    e^(gamma_C - gamma)) and the gate-scaled tiles Q e^gamma, A e^gamma', B e^(gamma_C - gamma),
+    K e^(gamma_C - gamma), rounded to the input dtype as the state passes' dots round them."""
+    b_q, b_k, b_a, b_b = r_q.to(tl.float32), r_k.to(tl.float32), r_a.to(tl.float32), r_b.to(tl.float32)
+    g, gam, gamp, gend, gC = _gates_of(r_g, gk, p, tok, m_k, lenc, sT, False)
+    ed = tl.exp(gend)
+    Qw = (b_q * tl.exp(gam)).to(tl.bfloat16)
+    Aw = (b_a * tl.exp(gamp)).to(tl.bfloat16)
+    Bw = (b_b * ed).to(tl.bfloat16)
+    Kw = (b_k * ed).to(tl.bfloat16)
+    return b_q, b_k, b_a, b_b, g, gam, gamp, ed, Qw, Aw, Bw, Kw
+
+
+@triton.jit
+def _load_inputs(q, k, a, b, gk, p, m):
+    """The q, k, a, b and gate tiles [C, BK] of one chunk, as stored (zero outside the chunk)."""
+    return (tl.load(q + p, mask=m, other=0.), tl.load(k + p, mask=m, other=0.), tl.load(a + p, mask=m, other=0.),
+            tl.load(b + p, mask=m, other=0.), tl.load(gk + p, mask=m, other=0.))
 
 
 @triton.jit
@@ -411,16 +443,12 @@ def chunk_dplr_bwd_kernel(
     m_k = o_k < K
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
-    b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
-    g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
-    ed = tl.exp(gend)
-    Qw = (b_q * tl.exp(gam)).to(tl.bfloat16)
-    Aw = (b_a * tl.exp(gamp)).to(tl.bfloat16)
-    Bw = (b_b * ed).to(tl.bfloat16)
-    Kw = (b_k * ed).to(tl.bfloat16)
+    r_q, r_k, r_a, r_b, r_g = _load_inputs(q, k, a, b, gk, p_x, m_x)
+    b_q, b_k, b_a, b_b, g, gam, gamp, ed, Qw, Aw, Bw, Kw = _token_gates(
+        r_q, r_k, r_a, r_b, r_g, gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
 
     # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel), and so does
-    # dV (the reverse pass): no A matrix is needed before the V loop
+    # dV (the reverse pass): no A matrix and no gate is needed in the V loop
     dAqk = tl.zeros([BC, BC], dtype=tl.float32)
     dAqb = tl.zeros([BC, BC], dtype=tl.float32)
     dAak = tl.zeros([BC, BC], dtype=tl.float32)

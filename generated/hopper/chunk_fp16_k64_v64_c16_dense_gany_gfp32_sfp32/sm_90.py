@@ -54,12 +54,13 @@ def _gates(gk, p, tok, m_k, lenc, sT):
     """Log-decays of one chunk in a [C, BK] tile (p: element offsets of the tile, tok: the chunk-relative
     token index [C, 1], sT: the element stride between tokens).
     Returns (g, gamma, gamma', decay-to-chunk-end exponent, gamma_C [1, BK])."""
-    return _gates_of(tl.load(gk + p, mask=(tok < lenc) & m_k, other=0.), gk, p, tok, m_k, lenc, sT)
+    return _gates_of(tl.load(gk + p, mask=(tok < lenc) & m_k, other=0.), gk, p, tok, m_k, lenc, sT, False)
 
 
 @triton.jit
-def _gates_of(g, gk, p, tok, m_k, lenc, sT):
-    """_gates from the chunk's gate tile g, already loaded (zero outside the chunk)."""
+def _gates_of(g, gk, p, tok, m_k, lenc, sT, SCAN_AS_DOT: tl.constexpr):
+    """_gates from the chunk's gate tile g, already loaded (zero outside the chunk). SCAN_AS_DOT (finite gates
+    only): the cumulative sum over tokens as a product with the lower-triangular ones, fp32 on the CUDA cores."""
     g = g.to(tl.float32)
     # exact for -inf and 0: only sums of actual gates (never a difference of two cumulative sums)
     g_prev = tl.load(gk + p - sT, mask=(tok >= 1) & (tok - 1 < lenc) & m_k, other=0.).to(tl.float32)
@@ -171,7 +172,7 @@ def _token_gates(r_q, r_k, r_a, r_b, r_g, gk, p, tok, m_k, lenc, sT):
     e^(gamma_C - gamma)) and the gate-scaled tiles Q e^gamma, A e^gamma', B e^(gamma_C - gamma),
     K e^(gamma_C - gamma), rounded to the input dtype as the state passes' dots round them."""
     b_q, b_k, b_a, b_b = r_q.to(tl.float32), r_k.to(tl.float32), r_a.to(tl.float32), r_b.to(tl.float32)
-    g, gam, gamp, gend, gC = _gates_of(r_g, gk, p, tok, m_k, lenc, sT)
+    g, gam, gamp, gend, gC = _gates_of(r_g, gk, p, tok, m_k, lenc, sT, False)
     ed = tl.exp(gend)
     Qw = (b_q * tl.exp(gam)).to(tl.float16)
     Aw = (b_a * tl.exp(gamp)).to(tl.float16)
