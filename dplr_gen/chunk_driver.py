@@ -262,17 +262,20 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
     and dtype (K = V; U only where it is this backward's scratch): a [B, T, H, V] buffer less each at the peak
     of the backward.
     Safe: each program reads the dR and U rows of its (chunk, head) in its V loop, before it writes dk and dq
-    at the same elements (after the loop), and no other program touches them."""
+    at the same elements (after the loop), and no other program touches them; not where the variant splits K
+    over several programs per chunk (their V loops read every column of those rows): no aliasing then."""
     q, k, v_, a, b, gk = (saved[n] for n in ("q", "k", "v", "a", "b", "gk"))
     scale, cu_seqlens, n_tslots = saved["scale"], saved["cu_seqlens"], saved["n_tslots"]
-    _, T, H, _ = q.shape
+    _, T, H, K = q.shape
     dev = q.device
+    nk = _cdiv(K, ks.constexprs(BWD)["BK"])  # programs per (chunk, head), one per block of K columns
+    dq_over_u, dk_over_dr = dq_over_u and nk == 1, dk_over_dr and nk == 1
     dq = u if dq_over_u and u.shape == q.shape and u.dtype == q.dtype else _empty(q.shape, q.dtype, dev)
     dk = dr if dk_over_dr and dr.shape == k.shape and dr.dtype == k.dtype else _empty(k.shape, k.dtype, dev)
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(b.shape, b.dtype, dev)
     dg = _empty(gk.shape, gk.dtype, dev)
-    getattr(ks, BWD)[(n_tslots * H,)](
+    getattr(ks, BWD)[(n_tslots * H * nk,)](
         q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
         *_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), scale, T, H)
     return dq, dk, da, db, dg

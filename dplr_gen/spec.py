@@ -36,6 +36,8 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 CHUNK_KNOB_STAGES = ("chunk.bwd",)
 # Stages that take the knob `overlap`: the chunk backward's reverse pass (with the states pass).
 OVERLAP_KNOB_STAGES = ("chunk.bwd_dh",)
+# Stages that take the knob `block_k`: the chunk backward's token pass (its K columns over several programs).
+BLOCK_K_KNOB_STAGES = ("chunk.bwd",)
 
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
 # variant_tuning rules and the quirk registry's entries.
@@ -70,6 +72,8 @@ class _Strict(BaseModel):
 class Knobs(_Strict):
     """Per-stage tuning; None means the arch-derived default."""
 
+    # stage chunk.bwd only: the token pass splits K into blocks of this many columns, one program each (each forms
+    # the chunk's four [C, C] dA matrices in full: they contract over V only)
     block_k: int | None = Field(None, ge=16, le=256)
     block_v: int | None = Field(None, ge=16, le=256)
     num_warps: Literal[1, 2, 4, 8, 16] | None = None
@@ -163,6 +167,8 @@ class Spec(_Strict):
                     raise ValueError(f"{where}.{key}.chunk: only {', '.join(CHUNK_KNOB_STAGES)} take a chunk knob")
                 if knobs.overlap is not None and key not in OVERLAP_KNOB_STAGES:
                     raise ValueError(f"{where}.{key}.overlap: only {', '.join(OVERLAP_KNOB_STAGES)} take an overlap knob")
+                if knobs.block_k is not None and key not in BLOCK_K_KNOB_STAGES:
+                    raise ValueError(f"{where}.{key}.block_k: only {', '.join(BLOCK_K_KNOB_STAGES)} take a block_k knob")
         for t in self.target_tuning:
             if t not in self.targets:
                 raise ValueError(f"target_tuning names {t!r}, which is not in targets {self.targets}")

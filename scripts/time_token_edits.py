@@ -74,11 +74,10 @@ def main() -> None:
         edits.update(json.loads(args.edits.read_text()))
     base = load_module(args.source, "unit_shipped")
     consts, launch0 = base.CONSTEXPRS[KERNEL], base.LAUNCH[KERNEL]
-    K, TC = consts["K"], consts["BC"]
+    K = consts["K"]
     if "cu_seqlens" in base.SIGNATURES[KERNEL]:
         raise SystemExit("dense units only")
-    xs = inputs(base.SIGNATURES[KERNEL], B, T, H, K, TC)
-    grid = (B * triton.cdiv(T, TC) * H,)
+    xs_by_tc: dict[int, list[Any]] = {}
     rows = []
     tmp = Path(tempfile.mkdtemp())
     for name, e in edits.items():
@@ -92,6 +91,11 @@ def main() -> None:
         mod = load_module(path, f"unit_{name}")
         launch = {**launch0, **e.get("launch", {})}
         kconsts = {**consts, **e.get("consts", {})}
+        tc = kconsts["BC"]  # the token pass's chunk: h and dh hold one state per tc tokens
+        if tc not in xs_by_tc:
+            xs_by_tc[tc] = inputs(base.SIGNATURES[KERNEL], B, T, H, K, tc)
+        xs = xs_by_tc[tc]
+        grid = (B * triton.cdiv(T, tc) * H * triton.cdiv(K, kconsts["BK"]),)  # a program per K block
         fn = getattr(mod, KERNEL)
 
         def run() -> None:

@@ -378,6 +378,42 @@ def test_token_pass_longer_chunks(dtype, C, TC, gate_bound, kw):
     check(run_case(v, H=2, tune=tune, extreme=gate_bound is None, **kw), TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype,K,BK,TC,gate_bound,kw", [
+    ("fp32", 32, 16, 16, -0.6065, {"B": 2, "T": 45}),
+    ("fp16", 48, 16, 32, -0.6065, {"B": 1, "T": 70}),
+    ("fp32", 32, 16, 16, -0.6065, {"lens": [1, 15, 16, 17, 33, 40]}),
+    ("fp32", 32, 16, 32, None, {"lens": [5, 31, 50]}),
+], ids=["dense", "dense-fp16-K48-tc32", "varlen", "varlen-anygate-tc32"])
+def test_token_pass_k_blocks(dtype, K, BK, TC, gate_bound, kw):
+    """Knob chunk.bwd.block_k: the token pass's K columns over cdiv(K, BK) programs per chunk (each forms the
+    dA matrices in full; K = 48 leaves a partial last block); dk and dq are then never written over dR and U."""
+    v = make_variant(dtype, K=K, V=32, chunk_size=16, varlen="lens" in kw, gate_bound=gate_bound)
+    tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_k=BK, block_v=16, chunk=TC)}
+    mod = load(v, tune).m
+    assert mod.CONSTEXPRS[chunk_driver.BWD]["BK"] == BK and mod.CONSTEXPRS[chunk_driver.FWD]["BK"] >= K
+    check(run_case(v, H=2, tune=tune, extreme=gate_bound is None, **kw), TOL[dtype])
+
+
+def test_token_pass_k_blocks_never_alias(monkeypatch):
+    """With K split over programs, a program may still read a chunk's dR and U rows after another has written
+    its dk and dq columns: the driver then hands the token pass fresh buffers even where asked to alias."""
+    v = make_variant("fp32", K=32, V=32, chunk_size=16)
+    ks = load(v, {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_k=16)})
+    x = {n: t.to(DEVICE) for n, t in rwkv7_inputs(1, 37, 2, 32, 32, dtype=torch.float32).items()}
+    h0 = torch.randn(1, 2, 32, 32, device=DEVICE)
+    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 0.5,
+                                                h0, None, keep_states=True)
+    pr = chunk_driver.chunk_prep(ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], None, saved["n_slots"],
+                                 for_bwd=True)
+    h, u = chunk_driver.chunk_states(ks, v, saved, pr)
+    do = torch.randn_like(o)
+    dh, dr, _, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, None)
+    dr0, u0 = dr.clone(), u.clone()
+    out = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dk_over_dr=True, dq_over_u=True)
+    assert out[1].data_ptr() != dr.data_ptr() and out[0].data_ptr() != u.data_ptr()
+    assert torch.equal(dr, dr0) and torch.equal(u, u0)
+
+
 def test_token_pass_chunk_sizes_the_states():
     """h and dh hold one state per TC-token chunk: TC / C times fewer than per C-token chunk."""
     v = make_variant("fp32", K=16, V=16, chunk_size=16)

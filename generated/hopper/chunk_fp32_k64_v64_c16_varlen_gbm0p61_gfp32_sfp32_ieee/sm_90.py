@@ -14,7 +14,8 @@
 #                             dS[K, BV] on chip (the reverse pass is itself a DPLR recurrence); writes the
 #                             gradient reaching each chunk's end state, dR = (I - A_ab)^-T dU, dV (per V-block,
 #                             it needs nothing summed over V) and d(initial state).
-#   chunk_dplr_bwd_kernel     one program per (chunk * head; its chunks may be longer, knob chunk.bwd.chunk):
+#   chunk_dplr_bwd_kernel     one program per (chunk * head; its chunks may be longer, knob chunk.bwd.chunk;
+#                             its K columns may be split over programs, knob chunk.bwd.block_k):
 #                             the other per-token gradients of one chunk, from the chunk-start state and U of
 #                             the forward, and dS of the chunk end and dR.
 #   *_small_kernel            (where the spec tunes fwd_small / bwd_dh_small) the state passes again with other
@@ -440,12 +441,14 @@ def chunk_dplr_bwd_kernel(
     cu_seqlens, chunk_map, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    i_sh = tl.program_id(0)  # chunk slot * H + head
+    i_sh = tl.program_id(0)  # (chunk slot * H + head) * (number of K blocks) + K block
+    i_kb = i_sh % tl.cdiv(K, BK)
+    i_sh = i_sh // tl.cdiv(K, BK)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
     t0, lenc = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
     o_c = tl.arange(0, BC)
-    o_k = tl.arange(0, BK)
+    o_k = i_kb * BK + tl.arange(0, BK)
     m_c = o_c < lenc
     m_k = o_k < K
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
