@@ -206,11 +206,14 @@ def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: 
     }
 
 
-def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """The token pass's chunk-start states ``h`` [its slots, H, K, V] and U again, from the prep's W, M and
-    scaled operands (no O). ``side``: run the pass on that stream, after the current one's work so far
-    (buffers are allocated on the current stream, and every tensor the pass touches is marked as used by
-    ``side``, so the allocator reuses none of them before the pass is done)."""
+    scaled operands (no O), and the tensors the pass touches. ``side``: run the pass on that stream, after the
+    current one's work so far; the caller then holds the returned tensors until the current stream has waited
+    for ``side`` (their memory, allocated on the current stream, must not be reused before the pass is done).
+    That costs no host work, where marking each tensor with ``record_stream`` (the allocator then records and
+    polls an event per block) cost 0.07-0.13 ms of host time per backward on the H100 (docs/perf_notes.md 25)."""
     k, v_, h0, cu_seqlens = (saved[n] for n in ("k", "v", "h0", "cu_seqlens"))
     _, T, H, K = k.shape
     V = v_.shape[-1]
@@ -221,14 +224,11 @@ def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None) 
     args = (pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, h0, h, ht, u, *_cu(cu_seqlens))
     if side is None:
         getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](*args, T, H)
-        return h, u
+        return h, u, args
     side.wait_stream(torch.cuda.current_stream(k.device))
     with torch.cuda.stream(side):
         getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](*args, T, H)
-    for t in args:
-        if t is not None:
-            t.record_stream(side)
-    return h, u
+    return h, u, args
 
 
 def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tensor | None,
@@ -293,7 +293,7 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1]):
         h, u, dh, dr, dh0, dv = _states_beside_reverse_pass(ks, v, saved, pr, do, dht)
     else:
-        h, u = chunk_states(ks, v, saved, pr) if recomputed else saved["states"]
+        h, u = chunk_states(ks, v, saved, pr)[:2] if recomputed else saved["states"]
         pr = pr._replace(w=None, m=None, bwt=None)  # freed before the reverse pass allocates
         dh, dr, dh0, dv = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     del pr
@@ -307,14 +307,16 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
     and both grids fit on the device at once (CUDA tensors only). Where they would not, each pass already
     fills the device and running them together only makes them contend (H100, bf16, fwd+bwd off -> on: 3.34 ->
     3.10 ms at (4,4096,32,64), 256 programs a pass; 10.99 -> 11.57 at (8,4096,64,64), 1024; perf_notes 20).
-    Never while a CUDA graph is being captured (torch.cuda.graphs, torch.compile's reduce-overhead): the
-    caching allocator's cross-stream bookkeeping (record_stream) is fragile under capture, so a captured
-    backward keeps one stream."""
+    Never while a CUDA graph is being captured (torch.cuda.graphs, torch.compile's reduce-overhead): a captured
+    backward keeps one stream, the form gpu_check's 'graph' job checks (a side stream inside a capture and its
+    memory's lifetime across replays are not checked)."""
     if not q.is_cuda or _capturing():
         return False
     if OVERLAP is not None:
         return OVERLAP
     if not ks.option("overlap_state_passes", False):
+        return False
+    if q.shape[0] * q.shape[1] * q.shape[2] < OVERLAP_MIN_TOKEN_HEADS:
         return False
     H = q.shape[2]
     grids = []
@@ -322,6 +324,14 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
         name, bv = _pass_kernel(ks, stage, N * H, V, q.device)
         grids.append((N * H * _cdiv(V, bv), ks.resident_per_sm(name, q.device)))
     return grids_fit(grids, _device_sms(q.device))
+
+
+# Below this many token-heads (B * T * H) a training step is bound by host work, not the GPU, and the side stream's
+# host cost (a fork and a join, ~0.2 ms a backward) outweighs what the overlap saves on the GPU (H100, bf16,
+# scripts/host_profile.py: off / on 1.17 / 1.32 ms at (1,4096,2,128), 8192 token-heads; 1.11 / 1.28 at
+# (2,2048,8,128), 32768; 2.98 / 2.72 at (4,4096,32,64), 524288; 2.15 / 1.85 at (2,4096,32,64), 262144 in
+# benchmarks/overlap_ab.py; docs/perf_notes.md 20 and 25).
+OVERLAP_MIN_TOKEN_HEADS = 131072
 
 
 def _capturing() -> bool:
@@ -348,7 +358,8 @@ def _states_beside_reverse_pass(ks, v, saved, pr: Prep, do: torch.Tensor, dht: t
     the token pass."""
     dev = saved["q"].device
     side = _side_stream(dev)
-    h, u = chunk_states(ks, v, saved, pr, side=side)
+    h, u, held = chunk_states(ks, v, saved, pr, side=side)
     dh, dr, dh0, dv = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     torch.cuda.current_stream(dev).wait_stream(side)
+    del held  # only now: every later use of their memory on the current stream follows the side stream's pass
     return h, u, dh, dr, dh0, dv

@@ -405,7 +405,7 @@ def test_token_pass_k_blocks_never_alias(monkeypatch):
                                                 h0, None, keep_states=True)
     pr = chunk_driver.chunk_prep(ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], None, saved["n_slots"],
                                  for_bwd=True)
-    h, u = chunk_driver.chunk_states(ks, v, saved, pr)
+    h, u, _ = chunk_driver.chunk_states(ks, v, saved, pr)
     do = torch.randn_like(o)
     dh, dr, _, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, None)
     dr0, u0 = dr.clone(), u.clone()
@@ -479,7 +479,7 @@ def test_dk_dq_written_over_dr_u(varlen, K):
     do = torch.randn_like(o)
     pr = chunk_driver.chunk_prep(ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], cu, saved["n_slots"],
                                  for_bwd=True, chunk_map=saved["chunk_map"])
-    h, u = chunk_driver.chunk_states(ks, v, saved, pr)
+    h, u, _ = chunk_driver.chunk_states(ks, v, saved, pr)
     dh, dr, _, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, torch.randn_like(ht))
     chunk_driver.POISON = True
     try:
@@ -572,6 +572,9 @@ def test_overlap_choice(monkeypatch):
     assert not chunk_driver._overlap(ks(True), q(8, 64), 8, 64)  # each pass fills the device alone
     assert not chunk_driver._overlap(ks(False), q(4, 32), 4, 64)  # the knob off
     assert not chunk_driver._overlap(ks(True), q(4, 32, cuda=False), 4, 64)  # streams are CUDA's
+    # host-bound steps (few token-heads) keep one stream: the fork and join cost more host time than they save
+    assert chunk_driver._overlap(ks(True), q(1, 32), 1, 64)  # 131072 token-heads
+    assert not chunk_driver._overlap(ks(True), q(1, 8), 1, 64) and not chunk_driver._overlap(ks(True), q(2, 2), 2, 64)
     monkeypatch.setattr(chunk_driver, "OVERLAP", True)  # tests and benchmarks force it either way
     assert chunk_driver._overlap(ks(False), q(8, 64), 8, 64)
     assert not chunk_driver._overlap(ks(True), q(4, 32, cuda=False), 4, 64)
