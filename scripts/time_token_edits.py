@@ -61,6 +61,16 @@ def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: st
     return args
 
 
+def apply_edit(text: str, name: str, edit: dict[str, Any]) -> str:
+    """The unit's source under one edit's text replacements (each must occur: an edit that silently matched
+    nothing would time the unedited kernel under the edit's name)."""
+    for old, new in edit.get("replace", []):
+        if old not in text:
+            raise SystemExit(f"edit {name}: text not found: {old[:80]!r}")
+        text = text.replace(old, new)
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("source", type=Path)
@@ -81,11 +91,7 @@ def main() -> None:
     rows = []
     tmp = Path(tempfile.mkdtemp())
     for name, e in edits.items():
-        src = text
-        for old, new in e.get("replace", []):
-            if old not in src:
-                raise SystemExit(f"edit {name}: text not found: {old[:80]!r}")
-            src = src.replace(old, new)
+        src = apply_edit(text, name, e)
         path = tmp / f"unit_{name}.py"
         path.write_text(src)
         mod = load_module(path, f"unit_{name}")

@@ -407,3 +407,24 @@ def test_shipped_fla_autotune_archive_holds_only_autotune_results() -> None:
             parts = m.name.split("/")
             assert m.isfile() and len(parts) == 3 and parts[0] == "." and parts[2].endswith(".autotune.json"), m.name
             assert "configs_timings" in json.loads(tar.extractfile(m).read())
+
+
+def test_token_edit_sets_apply_to_the_shipped_token_passes() -> None:
+    """scripts/time_token_edits.py: the committed edit sets of the current form (benchmarks/edits/) still find
+    their text in the shipped K = 64 / K = 128 hopper units, and an edit whose text is absent is an error, not
+    a silent timing of the unedited kernel."""
+    import importlib.util
+    import json
+
+    repo = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("time_token_edits", repo / "scripts" / "time_token_edits.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    units = {k: (repo / "generated" / "hopper" / f"chunk_bf16_{k}_{k.replace('k', 'v')}_c16_dense_gbm0p61_gbf16_sfp32"
+                 / "sm_90.py").read_text() for k in ("k64", "k128")}
+    for file, unit in (("token_dot_scans.json", "k64"), ("token_edits_k64_c.json", "k64")):
+        for name, edit in json.loads((repo / "benchmarks" / "edits" / file).read_text()).items():
+            out = mod.apply_edit(units[unit], name, edit)
+            assert (out != units[unit]) == bool(edit.get("replace")), (file, name)
+    with pytest.raises(SystemExit, match="edit x: text not found"):
+        mod.apply_edit(units["k64"], "x", {"replace": [["no such line", ""]]})
