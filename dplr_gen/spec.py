@@ -32,12 +32,14 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 }
 
 
-# Stages whose kernels may walk longer chunks than the variant's (knob `chunk`): the chunk backward's token pass.
-CHUNK_KNOB_STAGES = ("chunk.bwd",)
-# Stages that take the knob `overlap`: the chunk backward's reverse pass (with the states pass).
-OVERLAP_KNOB_STAGES = ("chunk.bwd_dh",)
-# Stages that take the knob `block_k`: the chunk backward's token pass (its K columns over several programs).
-BLOCK_K_KNOB_STAGES = ("chunk.bwd",)
+# Knobs that only some stages take, and those stages: `chunk`, the token pass walks longer chunks than the
+# variant's; `overlap`, the reverse pass runs beside the states pass; `block_k`, the token pass splits its K
+# columns over several programs.
+STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
+    "chunk": ("chunk.bwd",),
+    "overlap": ("chunk.bwd_dh",),
+    "block_k": ("chunk.bwd",),
+}
 
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
 # variant_tuning rules and the quirk registry's entries.
@@ -163,12 +165,9 @@ class Spec(_Strict):
             for key, knobs in table.items():
                 if key not in known:
                     raise ValueError(f"{where}: unknown stage {key!r}; stages are {', '.join(known)}")
-                if knobs.chunk is not None and key not in CHUNK_KNOB_STAGES:
-                    raise ValueError(f"{where}.{key}.chunk: only {', '.join(CHUNK_KNOB_STAGES)} take a chunk knob")
-                if knobs.overlap is not None and key not in OVERLAP_KNOB_STAGES:
-                    raise ValueError(f"{where}.{key}.overlap: only {', '.join(OVERLAP_KNOB_STAGES)} take an overlap knob")
-                if knobs.block_k is not None and key not in BLOCK_K_KNOB_STAGES:
-                    raise ValueError(f"{where}.{key}.block_k: only {', '.join(BLOCK_K_KNOB_STAGES)} take a block_k knob")
+                for knob, stages in STAGE_ONLY_KNOBS.items():
+                    if getattr(knobs, knob) is not None and key not in stages:
+                        raise ValueError(f"{where}.{key}.{knob}: only {', '.join(stages)} take the {knob} knob")
         for t in self.target_tuning:
             if t not in self.targets:
                 raise ValueError(f"target_tuning names {t!r}, which is not in targets {self.targets}")
