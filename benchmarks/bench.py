@@ -116,21 +116,12 @@ class Worker:
                 "info": s["info"]}
 
     def speed(self, system: str, shape: C.Shape) -> dict[str, Any]:
-        import torch
-
         s = self.first_call(system, shape)
         op, x, do, dht, cu, cu_cpu = (s[k] for k in ("op", "x", "do", "dht", "cu", "cu_cpu"))
         finite = all(C.all_finite(s["got"]).values())
         del s["got"]
-        leaves = [x[n] for n in C.INPUTS if x.get(n) is not None]
         warmup, rep = self.cfg["warmup"], self.cfg["rep"]
-
-        def fwd() -> Any:
-            return op(x, cu, cu_cpu)
-
-        def fwd_bwd() -> Any:
-            return torch.autograd.grad(op(x, cu, cu_cpu), leaves, (do, dht))
-
+        fwd, fwd_bwd = C.step_closures(op, x, do, dht, cu, cu_cpu)
         fwd_ms = C.bench_ms(fwd, self.device, warmup, rep)
         fb_ms = C.bench_ms(fwd_bwd, self.device, warmup, rep)
         peak = C.peak_bytes(fwd_bwd, self.device)

@@ -412,6 +412,23 @@ def fwd_bwd(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None, cu
     return {"o": o.detach(), "ht": ht.detach(), **{"d" + n: g for n, g in zip(names, grads)}}
 
 
+def step_closures(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None,
+                  cu_cpu: Any = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(forward, forward+backward) as the speed measurements time them: the op on the leaves ``xl``, then
+    torch.autograd.grad of <o, do> + <ht, dht> w.r.t. every input leaf (nothing accumulated into .grad)."""
+    import torch
+
+    leaves = [xl[n] for n in INPUTS if xl.get(n) is not None]
+
+    def fwd() -> Any:
+        return op(xl, cu, cu_cpu)
+
+    def fwd_bwd() -> Any:
+        return torch.autograd.grad(op(xl, cu, cu_cpu), leaves, (do, dht))
+
+    return fwd, fwd_bwd
+
+
 def reference(x: Mapping[str, Any], do: Any, dht: Any, lengths: Sequence[int] | None = None,
               scale: float = 1.0, grads: bool = True) -> dict[str, Any]:
     """float64 ground truth of fwd_bwd on the inputs' device, from dplr_gen.reference.naive_dplr_delta_rule.

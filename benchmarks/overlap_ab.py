@@ -39,13 +39,7 @@ def main() -> int:
         B, T, H, D = (int(x) for x in spec.split("x"))
         x = C.rwkv7_case(B, T, H, D, dtype=torch.bfloat16, device="cuda", seed=5)
         do, dht = C.grad_outputs(x, 5)
-        xl = C.leaves(x)
-
-        def fwd() -> tuple:
-            return op(xl)
-
-        def step() -> None:
-            torch.autograd.grad(fwd(), [xl[n] for n in C.INPUTS if xl.get(n) is not None], (do, dht))
+        fwd, step = C.step_closures(op, C.leaves(x), do, dht)
 
         row = {"shape": [B, T, H, D], "driver_picks_overlap": C.overlap_picked(args.package, x)}
         try:
@@ -60,7 +54,7 @@ def main() -> int:
             chunk_driver.OVERLAP = None
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del x, xl, do, dht
+        del x, do, dht, fwd, step
     out = Path(os.environ.get("OUT", "."))
     res = {"what": __doc__.splitlines()[0], "machine": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "package": args.package, "dtype": "bf16", "gate_bound": C.GATE_BOUND,

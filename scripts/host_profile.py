@@ -38,10 +38,7 @@ def main() -> int:
     B, T, H, D = (int(v) for v in args.shape.split("x"))
     x = C.rwkv7_case(B, T, H, D, dtype=torch.bfloat16, device="cuda", seed=5)
     do, dht = C.grad_outputs(x, 5)
-    xl = C.leaves(x)
-
-    def step() -> None:
-        torch.autograd.grad(op(xl), [xl[n] for n in C.INPUTS if xl.get(n) is not None], (do, dht))
+    _, step = C.step_closures(op, C.leaves(x), do, dht)
 
     rows = {}
     try:

@@ -428,3 +428,29 @@ def test_token_edit_sets_apply_to_the_shipped_token_passes() -> None:
             assert (out != units[unit]) == bool(edit.get("replace")), (file, name)
     with pytest.raises(SystemExit, match="edit x: text not found"):
         mod.apply_edit(units["k64"], "x", {"replace": [["no such line", ""]]})
+
+
+def test_step_closures_time_the_op_and_every_input_gradient() -> None:
+    """benchmarks.common.step_closures (bench.py's speed rows, overlap_ab.py, host_profile.py): the forward is the
+    op on the leaves; the forward+backward returns the gradients of <o, do> + <ht, dht> w.r.t. every input leaf
+    present, in INPUTS order, and accumulates nothing into .grad."""
+    import torch
+
+    x = {n: torch.randn(2, 3) for n in C.INPUTS}
+    x["h0"] = None
+    xl = C.leaves(x)
+
+    def op(t, cu=None, cu_cpu=None):
+        assert cu is None and cu_cpu is None
+        o = t["r"] * t["w"] + t["k"] * t["v"] + t["a"]
+        return o, o.sum(0) * t["b"].sum(0)
+
+    do, dht = torch.randn(2, 3), torch.randn(3)
+    fwd, fwd_bwd = C.step_closures(op, xl, do, dht)
+    assert torch.equal(fwd()[0], op(xl)[0])
+    grads = fwd_bwd()
+    names = [n for n in C.INPUTS if xl[n] is not None]
+    assert len(grads) == len(names) == 6
+    want = torch.autograd.grad(op(xl), [xl[n] for n in names], (do, dht))
+    assert all(torch.allclose(g, w) for g, w in zip(grads, want))
+    assert all(xl[n].grad is None for n in names)
