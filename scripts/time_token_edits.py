@@ -14,7 +14,6 @@ nothing more.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -25,17 +24,11 @@ from typing import Any
 import torch
 import triton
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dplr_gen.compile import import_source  # noqa: E402
+
 KERNEL = "chunk_dplr_bwd_kernel"
-
-
-def load_module(path: Path, name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 DTYPES = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}
 
@@ -82,7 +75,7 @@ def main() -> None:
     edits: dict[str, dict[str, Any]] = {"shipped": {}}
     if args.edits:
         edits.update(json.loads(args.edits.read_text()))
-    base = load_module(args.source, "unit_shipped")
+    base = import_source(args.source, "unit_shipped")
     consts, launch0 = base.CONSTEXPRS[KERNEL], base.LAUNCH[KERNEL]
     K = consts["K"]
     if "cu_seqlens" in base.SIGNATURES[KERNEL]:
@@ -94,7 +87,7 @@ def main() -> None:
         src = apply_edit(text, name, e)
         path = tmp / f"unit_{name}.py"
         path.write_text(src)
-        mod = load_module(path, f"unit_{name}")
+        mod = import_source(path, f"unit_{name}")
         launch = {**launch0, **e.get("launch", {})}
         kconsts = {**consts, **e.get("consts", {})}
         tc = kconsts["BC"]  # the token pass's chunk: h and dh hold one state per tc tokens
