@@ -1,13 +1,15 @@
-"""Time the token pass (chunk_dplr_bwd_kernel) of one generated unit as shipped and under edits, on the GPU.
+"""Time the token pass (chunk_dplr_bwd_kernel) of one generated unit as shipped and under edits, on the GPU; or
+(--kernel prep, prep_bwd) one of its chunk-parallel preps.
 
     python scripts/time_token_edits.py generated/hopper/<unit>/sm_90.py --shape 4x4096x32 [--edits FILE.json]
+                                       [--kernel bwd|prep|prep_bwd]
 
 An edit is a launch-option override ({"launch": {"maxnreg": 168}}), a constexpr override ({"consts": {"BV": 64}})
 and/or text replacements in the unit's source
 ({"replace": [[old, new], ...]}): ablations (a part of the kernel removed, to see what it costs) and candidates
 alike. Each form is JIT-compiled from its own copy of the source and timed with triton.testing.do_bench on the
 same random bf16 inputs (never zeros); the medians, registers and spills Triton reports go to stdout and to
-$OUT/token_edits_<shape>.json. Ablated forms compute wrong gradients: their times say where the time goes,
+$OUT/token_edits_<shape>.json (<kernel>_edits_<shape>.json for another kernel). Ablated forms compute wrong gradients: their times say where the time goes,
 nothing more.
 """
 
@@ -28,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dplr_gen.compile import import_source  # noqa: E402
 
-KERNEL = "chunk_dplr_bwd_kernel"
+# the kernels this script can launch: each is one program per chunk slot and head (times K blocks for the token pass)
+KERNELS = {"bwd": "chunk_dplr_bwd_kernel", "prep": "chunk_dplr_prep_kernel", "prep_bwd": "chunk_dplr_prep_bwd_kernel"}
 
 DTYPES = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}
 
@@ -69,7 +72,9 @@ def main() -> None:
     ap.add_argument("source", type=Path)
     ap.add_argument("--shape", default="4x4096x32")
     ap.add_argument("--edits", type=Path, help="JSON: {name: {replace: [[old, new]], launch: {...}}}")
+    ap.add_argument("--kernel", choices=sorted(KERNELS), default="bwd")
     args = ap.parse_args()
+    KERNEL = KERNELS[args.kernel]
     B, T, H = (int(x) for x in args.shape.split("x"))
     text = args.source.read_text()
     edits: dict[str, dict[str, Any]] = {"shipped": {}}
@@ -90,11 +95,12 @@ def main() -> None:
         mod = import_source(path, f"unit_{name}")
         launch = {**launch0, **e.get("launch", {})}
         kconsts = {**consts, **e.get("consts", {})}
-        tc = kconsts["BC"]  # the token pass's chunk: h and dh hold one state per tc tokens
+        tc = kconsts["BC"]  # the kernel's chunk (the token pass's: h and dh hold one state per tc tokens)
         if tc not in xs_by_tc:
             xs_by_tc[tc] = inputs(base.SIGNATURES[KERNEL], B, T, H, K, tc)
         xs = xs_by_tc[tc]
-        grid = (B * triton.cdiv(T, tc) * H * triton.cdiv(K, kconsts["BK"]),)  # a program per K block
+        nkb = triton.cdiv(K, kconsts["BK"]) if args.kernel == "bwd" else 1  # token pass: a program per K block
+        grid = (B * triton.cdiv(T, tc) * H * nkb,)
         fn = getattr(mod, KERNEL)
 
         def run() -> None:
@@ -115,8 +121,9 @@ def main() -> None:
         print(f"{args.shape} {name:>24}: {ms:.4f} ms  regs {regs} spills {spills}", flush=True)
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"token_edits_{args.shape}.json").write_text(json.dumps({
-        "source": str(args.source), "shape": [B, T, H, K], "device": torch.cuda.get_device_name(),
+    stem = "token" if args.kernel == "bwd" else args.kernel
+    (out / f"{stem}_edits_{args.shape}.json").write_text(json.dumps({
+        "source": str(args.source), "kernel": KERNEL, "shape": [B, T, H, K], "device": torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, indent=1))
 
 

@@ -125,8 +125,10 @@ def load(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> DevKernelSet:
     return DevKernelSet(_MODULES[key])
 
 
-def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=None, flags=None, seed=None):
-    """Forward + backward through the kernels vs float64 autograd of the reference; returns {name: rel err}."""
+def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=None, flags=None, seed=None,
+             keep_states=True):
+    """Forward + backward through the kernels vs float64 autograd of the reference; returns {name: rel err}.
+    keep_states=False: the training path, whose backward recomputes the states from its own prep's W and M."""
     seed = random.randrange(2**31) if seed is None else seed
     shape = f"B={B} T={T}" if lens is None else f"lens={lens}"
     print(f"seed={seed} variant={v.name} {shape} H={H} extreme={extreme} flags={flags}")
@@ -167,7 +169,7 @@ def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=Non
     chunk_driver.POISON = True
     try:
         o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], scale,
-                                                    h0.float().to(DEVICE), cu)
+                                                    h0.float().to(DEVICE), cu, keep_states)
         dq, dk, dv, da, db, dg, dh0 = chunk_driver.chunk_dplr_bwd(ks, v, saved, do.to(dt).to(DEVICE),
                                                                   dht.float().to(DEVICE))
     finally:
@@ -392,6 +394,16 @@ def test_token_pass_k_blocks(dtype, K, BK, TC, gate_bound, kw):
     mod = load(v, tune).m
     assert mod.CONSTEXPRS[chunk_driver.BWD]["BK"] == BK and mod.CONSTEXPRS[chunk_driver.FWD]["BK"] >= K
     check(run_case(v, H=2, tune=tune, extreme=gate_bound is None, **kw), TOL[dtype])
+
+
+@pytest.mark.parametrize("K,gate_bound", [(100, -0.6065), (100, None), (64, -0.6065)],
+                         ids=["K100-w-last", "K100-anygate-w-last", "K64"])
+def test_prep_bwd_w_order(K, gate_bound):
+    """The backward's prep writes W after the reverse pass's products where its tiles are 128 wide (K > 64),
+    before them otherwise: both orders give the gradients of the float64 reference."""
+    v = make_variant("fp32", K=K, V=32, chunk_size=16, gate_bound=gate_bound)
+    assert bool(load(v).m.PREP_BWD_W_LAST) == (K > 64)
+    check(run_case(v, B=1, T=40, H=1, extreme=gate_bound is None, keep_states=False), TOL["fp32"])
 
 
 def test_token_pass_k_blocks_never_alias(monkeypatch):

@@ -30,6 +30,8 @@ import triton.language as tl
 
 # input_precision of every dot with fp32 operands (the (I - A)^-1 products, fp32 variants)
 PREC = tl.constexpr("ieee")
+# the backward's prep writes W last (see PREP_BWD_W_LAST in the template)
+PREP_BWD_W_LAST = tl.constexpr(False)
 
 
 @triton.jit
@@ -240,14 +242,17 @@ def _prep(
     else:
         tl.store(x3 + p_ck, (b_q * tl.exp(gam)).to(x3.dtype.element_ty), mask=m_k[None, :])
     Aqk, Aqb, Aak, Aab = _chunk_A(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
-    Tm = _inv_unit_triangular(Aab, BC)
     # fp32 products, rounded once when stored. Every row is written (rows past the chunk's end are zero), so
     # the state passes read no stale memory.
-    W = _dot(Tm, b_a * tl.exp(gamp))
-    M = _dot(Tm, Aak)
-    tl.store(w + p_ck, W.to(w.dtype.element_ty), mask=m_k[None, :])
-    tl.store(m + p_cc, M.to(m.dtype.element_ty))
     if FOR_BWD:
+        Tm = _inv_unit_triangular(Aab, BC)
+        if PREP_BWD_W_LAST:
+            tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty))
+        else:
+            W = _dot(Tm, b_a * tl.exp(gamp))
+            M = _dot(Tm, Aak)
+            tl.store(w + p_ck, W.to(w.dtype.element_ty), mask=m_k[None, :])
+            tl.store(m + p_cc, M.to(m.dtype.element_ty))
         # the transposed products are formed untransposed (Y^T = (B e^..)^T (I - A_ab)^-1, P^T = A_qb
         # (I - A_ab)^-1: no transposed dot result enters a dot) and written through transposed offsets
         YT = _dot(tl.trans(b_b * tl.exp(gend)), Tm)
@@ -257,9 +262,19 @@ def _prep(
         tl.store(x2 + p_ccT, PT.to(x2.dtype.element_ty))
         tl.store(x5 + p_ccT, Aqk.to(x5.dtype.element_ty))
         tl.store(x6 + p_ccT, Aak.to(x6.dtype.element_ty))
+        if PREP_BWD_W_LAST:
+            tl.store(w + p_ck, _dot(Tm, b_a * tl.exp(gamp)).to(w.dtype.element_ty), mask=m_k[None, :])
     else:
+        # the forward forms A e^gamma' before the inverse (the a and gamma' tiles die there) and W last, after
+        # the [C, C] stores. H100, Triton 3.6, bf16, K = 128 at 2 warps: Triton's spill count 74 -> 22 and
+        # 0.374 -> 0.296 ms at (8, 2048, 16, 128); K = 64: 0.281 -> 0.278 ms at (4, 4096, 32, 64)
+        # (docs/perf_notes.md 26).
+        aw = b_a * tl.exp(gamp)
+        Tm = _inv_unit_triangular(Aab, BC)
+        tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty))
         tl.store(x1 + p_cc, Aqk.to(x1.dtype.element_ty))
         tl.store(x2 + p_cc, Aqb.to(x2.dtype.element_ty))
+        tl.store(w + p_ck, _dot(Tm, aw).to(w.dtype.element_ty), mask=m_k[None, :])
 
 
 @triton.jit
