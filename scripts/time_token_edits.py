@@ -9,8 +9,8 @@ and/or text replacements in the unit's source
 ({"replace": [[old, new], ...]}): ablations (a part of the kernel removed, to see what it costs) and candidates
 alike. Each form is JIT-compiled from its own copy of the source and timed with triton.testing.do_bench on the
 same random bf16 inputs (never zeros); the medians, registers and spills Triton reports go to stdout and to
-$OUT/token_edits_<shape>.json (<kernel>_edits_<shape>.json for another kernel). Ablated forms compute wrong gradients: their times say where the time goes,
-nothing more.
+$OUT/token_edits_<shape>.json (<kernel>_edits_<shape>.json for another kernel). Ablated forms compute wrong
+gradients: their times say where the time goes, nothing more.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from dplr_gen.compile import import_source  # noqa: E402
 KERNELS = {"bwd": "chunk_dplr_bwd_kernel", "prep": "chunk_dplr_prep_kernel", "prep_bwd": "chunk_dplr_prep_bwd_kernel"}
 
 DTYPES = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}
+# what the preps write per chunk slot (their signatures' names): at most a [C, K] tile each ([C, C], [K, C], [K])
+PREP_OUTPUTS = frozenset({"w", "m", "bwt", "kwt", "egc", "aqk", "aqb", "qw", "y", "p", "qwt", "awt", "aqkt", "aakt"})
 
 
 def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: str = "cuda") -> list[Any]:
@@ -51,6 +53,8 @@ def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: st
             args.append((-torch.rand(B, T, H, K, generator=g, device=dev) * 0.6).to(DTYPES[ty]))
         elif name in ("dq", "dk", "da", "db", "dg"):
             args.append(torch.empty(B, T, H, K, device=dev, dtype=DTYPES[ty]))
+        elif name in PREP_OUTPUTS:  # per slot, so that a last chunk shorter than TC still has its whole tile
+            args.append(torch.empty(n, H, TC, K, device=dev, dtype=DTYPES[ty]))
         else:
             shape = (n, H, K, K) if name in ("h", "dh") else (B, T, H, K)
             args.append((torch.randn(*shape, generator=g, device=dev) * scale.get(name, 1.0)).to(DTYPES[ty]))
@@ -74,16 +78,16 @@ def main() -> None:
     ap.add_argument("--edits", type=Path, help="JSON: {name: {replace: [[old, new]], launch: {...}}}")
     ap.add_argument("--kernel", choices=sorted(KERNELS), default="bwd")
     args = ap.parse_args()
-    KERNEL = KERNELS[args.kernel]
+    kernel = KERNELS[args.kernel]
     B, T, H = (int(x) for x in args.shape.split("x"))
     text = args.source.read_text()
     edits: dict[str, dict[str, Any]] = {"shipped": {}}
     if args.edits:
         edits.update(json.loads(args.edits.read_text()))
     base = import_source(args.source, "unit_shipped")
-    consts, launch0 = base.CONSTEXPRS[KERNEL], base.LAUNCH[KERNEL]
+    consts, launch0 = base.CONSTEXPRS[kernel], base.LAUNCH[kernel]
     K = consts["K"]
-    if "cu_seqlens" in base.SIGNATURES[KERNEL]:
+    if "cu_seqlens" in base.SIGNATURES[kernel]:
         raise SystemExit("dense units only")
     xs_by_tc: dict[int, list[Any]] = {}
     rows = []
@@ -97,11 +101,11 @@ def main() -> None:
         kconsts = {**consts, **e.get("consts", {})}
         tc = kconsts["BC"]  # the kernel's chunk (the token pass's: h and dh hold one state per tc tokens)
         if tc not in xs_by_tc:
-            xs_by_tc[tc] = inputs(base.SIGNATURES[KERNEL], B, T, H, K, tc)
+            xs_by_tc[tc] = inputs(base.SIGNATURES[kernel], B, T, H, K, tc)
         xs = xs_by_tc[tc]
         nkb = triton.cdiv(K, kconsts["BK"]) if args.kernel == "bwd" else 1  # token pass: a program per K block
         grid = (B * triton.cdiv(T, tc) * H * nkb,)
-        fn = getattr(mod, KERNEL)
+        fn = getattr(mod, kernel)
 
         def run() -> None:
             fn[grid](*xs, **kconsts, **launch)
@@ -123,7 +127,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = "token" if args.kernel == "bwd" else args.kernel
     (out / f"{stem}_edits_{args.shape}.json").write_text(json.dumps({
-        "source": str(args.source), "kernel": KERNEL, "shape": [B, T, H, K], "device": torch.cuda.get_device_name(),
+        "source": str(args.source), "kernel": kernel, "shape": [B, T, H, K], "device": torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, indent=1))
 
 

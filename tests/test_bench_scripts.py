@@ -430,6 +430,29 @@ def test_token_edit_sets_apply_to_the_shipped_token_passes() -> None:
         mod.apply_edit(units["k64"], "x", {"replace": [["no such line", ""]]})
 
 
+def test_time_token_edits_sizes_the_preps_outputs_per_chunk_slot() -> None:
+    """scripts/time_token_edits.py --kernel prep|prep_bwd: every output of the shipped preps is allocated as one
+    [C, K] tile per chunk slot, so a sequence whose last chunk is short (T = 37) has room for the whole tile the
+    kernel writes there (a [B, T, H, K] buffer would be too small)."""
+    import importlib.util
+
+    repo = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("time_token_edits", repo / "scripts" / "time_token_edits.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    unit = mod.import_source(repo / "generated" / "hopper" / "chunk_bf16_k64_v64_c16_dense_gbm0p61_gbf16_sfp32"
+                             / "sm_90.py", "unit_prep_sizes")
+    B, T, H, K, C = 2, 37, 3, 64, 16
+    inputs = {"q", "k", "v", "a", "b", "gk", "T", "H"}
+    for key in ("prep", "prep_bwd"):
+        sig = unit.SIGNATURES[mod.KERNELS[key]]
+        assert set(sig) - inputs == set(sig) & mod.PREP_OUTPUTS, key  # every output named, no input taken for one
+        args = dict(zip(sig, mod.inputs(sig, B, T, H, K, C, dev="cpu")))
+        for name in set(sig) & mod.PREP_OUTPUTS:
+            assert args[name].shape == (B * 3, H, C, K), (key, name)
+        assert args["q"].shape == (B, T, H, K) and args["T"] == T
+
+
 def test_step_closures_time_the_op_and_every_input_gradient() -> None:
     """benchmarks.common.step_closures (bench.py's speed rows, overlap_ab.py, host_profile.py): the forward is the
     op on the leaves; the forward+backward returns the gradients of <o, do> + <ht, dht> w.r.t. every input leaf
