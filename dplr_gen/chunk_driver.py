@@ -64,6 +64,17 @@ def token_chunk(ks) -> int:
     return ks.constexprs(BWD)["BC"]
 
 
+def states_every(ks) -> int:
+    """Tokens per slot of the kept chunk-boundary states h and dh (knob chunk.bwd.states_every): the token
+    pass's chunk, or twice it where the token pass derives every second state itself."""
+    return ks.option("states_every", token_chunk(ks))
+
+
+def derives_states(ks) -> bool:
+    """Whether the token pass derives every second chunk-boundary state (from the backward prep's operands)."""
+    return states_every(ks) > token_chunk(ks)
+
+
 def chunk_map_from_cu_seqlens(cu_seqlens: torch.Tensor, C: int, n_slots: int) -> torch.Tensor:
     """int32 [n_slots, 2]: (sequence, chunk index within it) per slot; chunk index -1 marks an unused slot.
 
@@ -139,6 +150,13 @@ class Prep(NamedTuple):
     x6: torch.Tensor | None
 
 
+def state_step_operands(pr: Prep) -> tuple[torch.Tensor, ...]:
+    """What a token pass that derives every second state reads of the backward prep (in its argument order):
+    e^gamma_C, (B e^(gamma_C - gamma))^T, (K e^(gamma_C - gamma))^T (the states pass's step) and (Q e^gamma)^T,
+    (A e^gamma')^T (the reverse pass's)."""
+    return (pr.egc, pr.bwt, pr.kwt, pr.x3, pr.x4)
+
+
 def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False,
                chunk_map: torch.Tensor | None = None) -> Prep:
     """The chunk-parallel, state-independent work (see ``Prep``), for the forward or (``for_bwd``) for the
@@ -184,8 +202,8 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
 
 
 def states_shape(ks, v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) -> tuple[int, int, int, int]:
-    """Shape of the chunk-boundary states ``h`` (and ``dh``): [slots of the token pass's chunks, H, K, V]."""
-    return (_layout(token_chunk(ks), q, cu_seqlens)[1], q.shape[2], q.shape[3], V)
+    """Shape of the kept chunk-boundary states ``h`` (and ``dh``): [slots of states_every tokens, H, K, V]."""
+    return (_layout(states_every(ks), q, cu_seqlens)[1], q.shape[2], q.shape[3], V)
 
 
 def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens) -> dict:
@@ -203,12 +221,13 @@ def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: 
         "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h0": initial_state, "states": states,
         "scale": float(scale), "cu_seqlens": cu_seqlens, "chunk_map": chunk_map, "N": N, "n_slots": n_slots,
         "TC": TC, "tchunk_map": tchunk_map, "n_tslots": n_tslots,
+        "n_hslots": _layout(states_every(ks), q, cu_seqlens)[1],
     }
 
 
 def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The token pass's chunk-start states ``h`` [its slots, H, K, V] and U again, from the prep's W, M and
+    """The kept chunk-start states ``h`` [slots of states_every tokens, H, K, V] and U again, from the prep's W, M and
     scaled operands (no O), and the tensors the pass touches. ``side``: run the pass on that stream, after the
     current one's work so far; the caller then holds the returned tensors until the current stream has waited
     for ``side`` (their memory, allocated on the current stream, must not be reused before the pass is done).
@@ -217,7 +236,7 @@ def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None,
     k, v_, h0, cu_seqlens = (saved[n] for n in ("k", "v", "h0", "cu_seqlens"))
     _, T, H, K = k.shape
     V = v_.shape[-1]
-    h = _empty((saved["n_tslots"], H, K, V), boundary_dtype(k), k.device)
+    h = _empty((saved["n_hslots"], H, K, V), boundary_dtype(k), k.device)
     ht = _empty((saved["N"], H, K, V), torch.float32, k.device)
     u = _empty(v_.shape, v_.dtype, k.device)
     name, bv = _pass_kernel(ks, FWD_H, saved["N"] * H, V, k.device)
@@ -234,7 +253,7 @@ def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None,
 def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tensor | None,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The reverse pass (with the backward prep's Y, P, A_qk^T, A_ak^T and scaled operands): dS at the end of
-    every token-pass chunk (``dh`` [its slots, H, K, V]), dR (as v), d(initial state) (fp32) and dv."""
+    every slot of states_every tokens (``dh`` [those slots, H, K, V]), dR (as v), d(initial state) (fp32) and dv."""
     q = saved["q"]
     scale, cu_seqlens, N = saved["scale"], saved["cu_seqlens"], saved["N"]
     _, T, H, K = q.shape
@@ -243,7 +262,7 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tenso
     if dht is None:
         dht = torch.zeros((N, H, K, V), dtype=torch.float32, device=dev)
     dht = dht.to(torch.float32).contiguous()
-    dh = _empty((saved["n_tslots"], H, K, V), boundary_dtype(q), dev)
+    dh = _empty((saved["n_hslots"], H, K, V), boundary_dtype(q), dev)
     dh0 = _empty((N, H, K, V), torch.float32, dev)
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
     dv = _empty(saved["v"].shape, saved["v"].dtype, dev)
@@ -256,27 +275,35 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tenso
 
 def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: torch.Tensor, dh: torch.Tensor,
                           dr: torch.Tensor, dk_over_dr: bool = False, dq_over_u: bool = False,
-                          ) -> tuple[torch.Tensor, ...]:
-    """The chunk-parallel pass: (dq, dk, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR.
+                          steps: tuple[torch.Tensor, ...] = ()) -> tuple[torch.Tensor, ...]:
+    """The chunk-parallel pass: (dq, dk, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR; where
+    the variant derives every second state (``derives_states``), also from ``steps``, the backward prep's
+    operands of the state steps (``state_step_operands``).
     ``dk_over_dr``: dk is written over dR, ``dq_over_u``: dq over U, each where the two have the same shape
     and dtype (K = V; U only where it is this backward's scratch): a [B, T, H, V] buffer less each at the peak
     of the backward.
     Safe: each program reads the dR and U rows of its (chunk, head) in its V loop, before it writes dk and dq
     at the same elements (after the loop), and no other program touches them; not where the variant splits K
-    over several programs per chunk (their V loops read every column of those rows): no aliasing then."""
+    over several programs per chunk (their V loops read every column of those rows) or derives states (its
+    programs read their neighbours' rows): no aliasing then."""
     q, k, v_, a, b, gk = (saved[n] for n in ("q", "k", "v", "a", "b", "gk"))
     scale, cu_seqlens, n_tslots = saved["scale"], saved["cu_seqlens"], saved["n_tslots"]
     _, T, H, K = q.shape
     dev = q.device
     nk = _cdiv(K, ks.constexprs(BWD)["BK"])  # programs per (chunk, head), one per block of K columns
-    dq_over_u, dk_over_dr = dq_over_u and nk == 1, dk_over_dr and nk == 1
+    # a program deriving states reads the U rows of the chunk before and the dR rows of the chunk after its own
+    alone = nk == 1 and not steps
+    dq_over_u, dk_over_dr = dq_over_u and alone, dk_over_dr and alone
     dq = u if dq_over_u and u.shape == q.shape and u.dtype == q.dtype else _empty(q.shape, q.dtype, dev)
     dk = dr if dk_over_dr and dr.shape == k.shape and dr.dtype == k.dtype else _empty(k.shape, k.dtype, dev)
     da = _empty(a.shape, a.dtype, dev)
     db = _empty(b.shape, b.dtype, dev)
     dg = _empty(gk.shape, gk.dtype, dev)
+    if len(steps) != (5 if derives_states(ks) else 0):
+        raise ValueError(f"steps: {len(steps)} tensors given; this variant's token pass takes "
+                         f"{'the 5 of state_step_operands(the backward prep)' if derives_states(ks) else 'none'}")
     getattr(ks, BWD)[(n_tslots * H * nk,)](
-        q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
+        q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, *steps,
         *_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), scale, T, H)
     return dq, dk, da, db, dg
 
@@ -290,6 +317,8 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
                     chunk_map=saved["chunk_map"])
     recomputed = saved["states"] is None  # else h and U are the forward's, saved by autograd: read only
+    # the token pass may read the state steps' operands: kept until it has run, the rest freed before it
+    steps = state_step_operands(pr) if derives_states(ks) else ()
     if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1]):
         h, u, dh, dr, dh0, dv = _states_beside_reverse_pass(ks, v, saved, pr, do, dht)
     else:
@@ -298,7 +327,7 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
         dh, dr, dh0, dv = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     del pr
     dq, dk, da, db, dg = chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dk_over_dr=True,
-                                               dq_over_u=recomputed)
+                                               dq_over_u=recomputed, steps=steps)
     return dq, dk, dv, da, db, dg, dh0
 
 

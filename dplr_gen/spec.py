@@ -34,11 +34,12 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 
 # Knobs that only some stages take, and those stages: `chunk`, the token pass walks longer chunks than the
 # variant's; `overlap`, the reverse pass runs beside the states pass; `block_k`, the token pass splits its K
-# columns over several programs.
+# columns over several programs; `states_every`, h and dh are kept for every second token-pass chunk only.
 STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "chunk": ("chunk.bwd",),
     "overlap": ("chunk.bwd_dh",),
     "block_k": ("chunk.bwd",),
+    "states_every": ("chunk.bwd",),
 }
 
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
@@ -87,6 +88,10 @@ class Knobs(_Strict):
     # the state passes then store every (chunk / chunk_size)-th boundary state). Not 64: the registry's chunk-64
     # entries key on the variant's chunk size, so a chunk-64 token pass would escape them.
     chunk: Literal[16, 32] | None = None
+    # stage chunk.bwd only: the chunk-boundary states h and dh are kept once per this many tokens: the token pass's
+    # chunk (the default), or twice the variant's chunk size where the token pass walks the variant's chunks; the
+    # pass then derives the states in between from the kept ones (half the h and dh bytes, a few more products).
+    states_every: Literal[16, 32, 64] | None = None
     # stage chunk.bwd_dh only: the reverse pass runs at the same time as the backward's recompute of the states
     # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave
     # most of the device idle. Costs the forward prep's operands kept alive through the reverse pass.

@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from . import quirks as quirk_registry
 from .arch import ArchProfile, get_arch
-from .spec import STAGE_COPIES, STAGES, Knobs, Spec, VariantAxes, when_matches
+from .spec import STAGE_COPIES, STAGES, Knobs, Spec, SpecError, VariantAxes, when_matches
 from .variant import Variant
 
 
@@ -113,7 +113,25 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
             if cap is not None:
                 merged["num_warps"] = min(merged["num_warps"], cap)
         out[stage] = Knobs(**merged)
+    if v.op == "chunk":
+        check_states_every(v, out["bwd"])
     return out
+
+
+def check_states_every(v: Variant, bwd: Knobs) -> None:
+    """Knob chunk.bwd.states_every is the token pass's chunk, or twice the variant's chunk size where the token
+    pass walks the variant's chunks (it derives one state of each pair); SpecError naming the variant otherwise."""
+    tc = max(bwd.chunk or v.chunk_size, v.chunk_size)
+    every = bwd.states_every
+    if every is None or every == tc:
+        return
+    if tc != v.chunk_size or every != 2 * tc:
+        valid = sorted({tc} | ({2 * tc} if tc == v.chunk_size else set()))
+        raise SpecError(
+            f"variant {v.name}: tuning chunk.bwd.states_every = {every} with a {tc}-token token pass (chunk.bwd.chunk"
+            f" {bwd.chunk or 'unset'}, chunk size {v.chunk_size}); valid: {valid} (the token pass's chunk, or twice the chunk"
+            f" size where the token pass walks the variant's chunks)"
+        )
 
 
 # Per target: (predicate on (variant, arch), reason). What one arch cannot hold, refused before compiling.

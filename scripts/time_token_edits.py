@@ -53,8 +53,10 @@ def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: st
             args.append((-torch.rand(B, T, H, K, generator=g, device=dev) * 0.6).to(DTYPES[ty]))
         elif name in ("dq", "dk", "da", "db", "dg"):
             args.append(torch.empty(B, T, H, K, device=dev, dtype=DTYPES[ty]))
-        elif name in PREP_OUTPUTS:  # per slot, so that a last chunk shorter than TC still has its whole tile
-            args.append(torch.empty(n, H, TC, K, device=dev, dtype=DTYPES[ty]))
+        elif name in PREP_OUTPUTS:  # per slot, so that a last chunk shorter than TC still has its whole tile;
+            # random (a token pass that derives states reads them; e^gamma_C in (0, 1])
+            x = torch.rand if name == "egc" else torch.randn
+            args.append((x(n, H, TC, K, generator=g, device=dev) * (1.0 if name == "egc" else 0.1)).to(DTYPES[ty]))
         else:
             shape = (n, H, K, K) if name in ("h", "dh") else (B, T, H, K)
             args.append((torch.randn(*shape, generator=g, device=dev) * scale.get(name, 1.0)).to(DTYPES[ty]))

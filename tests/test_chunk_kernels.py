@@ -63,6 +63,9 @@ class DevKernelSet:
     def has(self, name):
         return name in self.m.SIGNATURES
 
+    def option(self, name, default=None):
+        return getattr(self.m, "OPTIONS", {}).get(name, default)
+
     def __getattr__(self, name):
         fn = getattr(self.m, name)
         c = self.m.CONSTEXPRS[name]
@@ -87,9 +90,10 @@ def make_variant(dtype="fp32", K=32, V=None, chunk_size=16, varlen=False, gate_b
 ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template's default tiles are the widest
 
 
-def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None, max_registers=None):
+def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None, max_registers=None,
+          states_every=None):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
-                           chunk=chunk, overlap=overlap, max_registers=max_registers)
+                           chunk=chunk, overlap=overlap, max_registers=max_registers, states_every=states_every)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
@@ -394,6 +398,39 @@ def test_token_pass_k_blocks(dtype, K, BK, TC, gate_bound, kw):
     mod = load(v, tune).m
     assert mod.CONSTEXPRS[chunk_driver.BWD]["BK"] == BK and mod.CONSTEXPRS[chunk_driver.FWD]["BK"] >= K
     check(run_case(v, H=2, tune=tune, extreme=gate_bound is None, **kw), TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype,K,BK,gate_bound,keep,kw", [
+    ("fp32", 32, 32, -0.6065, True, {"B": 2, "T": 75}),
+    ("fp32", 32, 16, -0.6065, False, {"B": 2, "T": 64}),
+    ("fp16", 48, 16, -0.6065, False, {"B": 1, "T": 70}),
+    ("fp32", 32, 16, -0.6065, True, {"lens": [1, 15, 16, 17, 33, 48, 40]}),
+    ("fp32", 32, 32, None, False, {"lens": [5, 31, 50, 16]}),
+], ids=["dense-odd-chunks", "dense-recomputed-kblocks", "dense-fp16-K48", "varlen", "varlen-anygate-recomputed"])
+def test_token_pass_derives_states(dtype, K, BK, gate_bound, keep, kw):
+    """Knob chunk.bwd.states_every = 2 C: h and dh kept every 2 C tokens, the C-token token pass deriving the state
+    entering each odd chunk and dS leaving each even one (a sequence's last chunk even: its kept dS is its own);
+    with the forward's saved states and with the backward's recomputed ones, K whole or in blocks."""
+    v = make_variant(dtype, K=K, V=32, chunk_size=16, varlen="lens" in kw, gate_bound=gate_bound)
+    tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_k=BK, block_v=16, states_every=32)}
+    ks = load(v, tune)
+    assert chunk_driver.token_chunk(ks) == 16 and chunk_driver.states_every(ks) == 32
+    assert chunk_driver.derives_states(ks) and "_kept_step" in ks.m.__dict__
+    check(run_case(v, H=2, tune=tune, extreme=gate_bound is None, keep_states=keep, **kw), TOL[dtype])
+
+
+def test_states_every_shapes_the_states():
+    """h and dh hold one state per states_every tokens, and the token pass refuses to run without the prep's
+    operands it derives the others from."""
+    v = make_variant("fp32", K=16, V=16, chunk_size=16)
+    ks = load(v, {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(states_every=32)})
+    x = rwkv7_inputs(2, 70, 1, 16, 16)
+    assert chunk_driver.states_shape(ks, v, x["q"], 16, None) == (2 * 3, 1, 16, 16)
+    assert not chunk_driver.derives_states(load(v))
+    with pytest.raises(ValueError, match="steps: 0 tensors given"):
+        chunk_driver.chunk_dplr_bwd_tokens(ks, v, {"q": x["q"], "k": x["k"], "v": x["v"], "a": x["a"],
+                                                   "b": x["b"], "gk": x["gk"], "scale": 1.0, "cu_seqlens": None,
+                                                   "n_tslots": 10}, *[None] * 5)
 
 
 @pytest.mark.parametrize("K,gate_bound", [(100, -0.6065), (100, None), (64, -0.6065)],

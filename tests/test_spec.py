@@ -252,7 +252,27 @@ def test_overlap_knob_reaches_the_rendered_options(tmp_path: Path) -> None:
     u = next(u for u in units if u.variant.op == "chunk")
     ns = {}
     exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102
-    assert ns["OPTIONS"] == {"overlap_state_passes": False}
+    assert ns["OPTIONS"]["overlap_state_passes"] is False
+
+
+def test_states_every_is_checked_per_variant(tmp_path: Path) -> None:
+    """chunk.bwd.states_every: twice the chunk size where the token pass walks the variant's chunks (it reaches
+    the rendered OPTIONS); any other value is refused naming the knob, the variant and the valid values."""
+    from dplr_gen.render import render_unit
+
+    rule = "variant_tuning:\n  - when: {chunk_size: [16]}\n    tuning:\n      chunk.bwd: {states_every: %d%s}\n"
+    units, _ = build_units(load_spec(write(tmp_path, GOOD + rule % (32, ""))), Version("3.6.0"))
+    seen = set()
+    for u in units:
+        if u.variant.op == "chunk" and u.variant.chunk_size == 16:
+            ns: dict = {}
+            exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102 - our own rendered source
+            seen.add(ns["OPTIONS"]["states_every"])
+            assert "_kept_step" in ns
+    assert seen == {32}
+    for every, extra, valid in ((64, "", r"\[16, 32\]"), (64, ", chunk: 32", r"\[32\]")):
+        with pytest.raises(SpecError, match=rf"_c16_.*chunk.bwd.states_every = {every}.*valid: {valid}"):
+            build_units(load_spec(write(tmp_path, GOOD + rule % (every, extra))), Version("3.6.0"))
 
 
 def test_register_cap_reaches_the_launch_table(tmp_path: Path) -> None:

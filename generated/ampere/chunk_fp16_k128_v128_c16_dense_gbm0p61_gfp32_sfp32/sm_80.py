@@ -301,7 +301,7 @@ def _state_pass(
     """The sequential part of the forward over one (sequence * head, V-block): per chunk, store the state
     entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both) unless
     store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state. The
-    states go to the token pass's chunk slots (16 tokens): every 1-th chunk's."""
+    states go to slots of 16 tokens: every 1-th chunk's."""
     i_nh = tl.program_id(0)  # N * H on grid axis 0 (axes 1/2 stop at 65535)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -379,8 +379,8 @@ def _reverse_pass(
     """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
     per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P), dV (it contracts over K, never over V, so
     each V-block has all it needs here, and the token pass holds fewer tiles) and, at the end of each of the
-    token pass's chunks (16 tokens), dS (the gradient reaching that end state), then steps dS to the chunk
-    start; finally d(initial state)."""
+    16-token slots, dS (the gradient reaching that end state), then steps dS to the chunk start; finally
+    d(initial state)."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -405,7 +405,7 @@ def _reverse_pass(
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
-        # dS: the gradient reaching this chunk's end state, where a token-pass chunk ends
+        # dS: the gradient reaching this chunk's end state, where a 16-token slot ends
         p_h = (hslot0 + i_t // 1) * H + i_h
         tl.store(dh + p_h * K * V + o_kv, dS.to(dh.dtype.element_ty),
                  mask=m_kv & ((i_t % 1 == 0) | (i_t == NT - 1)))
@@ -589,8 +589,9 @@ CONSTEXPRS = {
     "chunk_dplr_bwd_dh_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
     "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
 }
-# host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap)
-OPTIONS = {"overlap_state_passes": False}
+# host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
+# the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
+OPTIONS = {"overlap_state_passes": False, "states_every": 16}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 4, "num_stages": 2},
     "chunk_dplr_prep_bwd_kernel": {"num_warps": 4, "num_stages": 2},

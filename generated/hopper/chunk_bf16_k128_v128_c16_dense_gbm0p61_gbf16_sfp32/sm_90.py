@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 # variant: dtype=bf16 gate_dtype=bf16 K=128 V=128 chunk=16 varlen=False
-# token pass: chunks of 32 tokens (the state passes store every 2-th boundary state)
+# token pass: chunks of 16 tokens (the state passes store every 2-th boundary state; the pass derives those between)
 # gate mode: bounded, factored exponents re-centred at row C/2-1, gk clamped to >= -0.61
 # dot operands: tl.bfloat16 (chained), tl.float32 (gate-factored); fp32 dots use input_precision="tf32"
 
@@ -156,6 +156,15 @@ def _slot_chunk(slot, T, BC: tl.constexpr):
 
 
 @triton.jit
+def _kept_slot(slot, T, BC: tl.constexpr, HC: tl.constexpr):
+    """(slot of the kept states, chunk index, sequence length) of a chunk slot whose states are kept every HC
+    tokens."""
+    NT = tl.cdiv(T, BC)
+    i_t = (slot % NT).to(tl.int32)
+    return (slot // NT) * tl.cdiv(T, HC) + i_t // (HC // BC), i_t, T
+
+
+@triton.jit
 def _sequence(i_n, T, BC: tl.constexpr):
     """(first token, length, first chunk slot) of sequence i_n: it owns slots n * NT .. n * NT + NT - 1."""
     return i_n.to(tl.int64) * T, T, i_n.to(tl.int64) * tl.cdiv(T, BC)
@@ -177,7 +186,7 @@ def _token_gates(r_q, r_k, r_a, r_b, r_g, gk, p, tok, m_k, lenc, sT):
     e^(gamma_C - gamma)) and the gate-scaled tiles Q e^gamma, A e^gamma', B e^(gamma_C - gamma),
     K e^(gamma_C - gamma), rounded to the input dtype as the state passes' dots round them."""
     b_q, b_k, b_a, b_b = r_q.to(tl.float32), r_k.to(tl.float32), r_a.to(tl.float32), r_b.to(tl.float32)
-    g, gam, gamp, gend, gC = _gates_of(r_g, gk, p, tok, m_k, lenc, sT, False)
+    g, gam, gamp, gend, gC = _gates_of(r_g, gk, p, tok, m_k, lenc, sT, True)
     ed = tl.exp(gend)
     Qw = (b_q * tl.exp(gam)).to(tl.bfloat16)
     Aw = (b_a * tl.exp(gamp)).to(tl.bfloat16)
@@ -301,7 +310,7 @@ def _state_pass(
     """The sequential part of the forward over one (sequence * head, V-block): per chunk, store the state
     entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both) unless
     store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state. The
-    states go to the token pass's chunk slots (32 tokens): every 2-th chunk's."""
+    states go to slots of 32 tokens: every 2-th chunk's."""
     i_nh = tl.program_id(0)  # N * H on grid axis 0 (axes 1/2 stop at 65535)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -399,8 +408,8 @@ def _reverse_pass(
     """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
     per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P), dV (it contracts over K, never over V, so
     each V-block has all it needs here, and the token pass holds fewer tiles) and, at the end of each of the
-    token pass's chunks (32 tokens), dS (the gradient reaching that end state), then steps dS to the chunk
-    start; finally d(initial state)."""
+    32-token slots, dS (the gradient reaching that end state), then steps dS to the chunk start; finally
+    d(initial state)."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -425,7 +434,7 @@ def _reverse_pass(
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
-        # dS: the gradient reaching this chunk's end state, where a token-pass chunk ends
+        # dS: the gradient reaching this chunk's end state, where a 32-token slot ends
         p_h = (hslot0 + i_t // 2) * H + i_h
         tl.store(dh + p_h * K * V + o_kv, dS.to(dh.dtype.element_ty),
                  mask=m_kv & ((i_t % 2 == 1) | (i_t == NT - 1)))
@@ -474,8 +483,26 @@ def chunk_dplr_bwd_dh_small_kernel(
 
 
 @triton.jit
+def _kept_step(S, egc, xt, yt, x, y, slot, p_y, m_y, o_c, o_k, m_k, H, i_h, c,
+               K: tl.constexpr, BC: tl.constexpr):
+    """S e^gamma_C + c X^T x + Y^T y for the K rows o_k of one chunk-boundary state: the states pass's step
+    over chunk ``slot`` (X^T, Y^T = its (B e^..)^T, (K e^..)^T; x, y = U, V) or the reverse pass's (X^T, Y^T =
+    (Q e^gamma)^T, (A e^gamma')^T; x, y = dO, dR; c = scale), with the prep's [K, C] operands of that chunk."""
+    p_s = slot * H + i_h
+    o_kc = o_k[:, None] * BC + o_c[None, :]
+    b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+    b_xt = tl.load(xt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_yt = tl.load(yt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_x = tl.load(x + p_y, mask=m_y, other=0.).to(b_xt.dtype)
+    b_y = tl.load(y + p_y, mask=m_y, other=0.).to(b_yt.dtype)
+    # c (S e^gamma_C / c + X^T x) + Y^T y: each product accumulated onto the last (one MMA layout, _dot_acc)
+    return _dot_acc(b_yt, b_y, _dot_acc(b_xt, b_x, S * (b_eg / c)[:, None]) * c)
+
+
+@triton.jit
 def chunk_dplr_bwd_kernel(
     q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
+    egc, bwt, kwt, qwt, awt,
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -492,8 +519,6 @@ def chunk_dplr_bwd_kernel(
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
     r_q, r_k, r_a, r_b, r_g = _load_inputs(q, k, a, b, gk, p_x, m_x)
-    b_q, b_k, b_a, b_b, g, gam, gamp, ed, Qw, Aw, Bw, Kw = _token_gates(
-        r_q, r_k, r_a, r_b, r_g, gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
 
     # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel), and so does
     # dV (the reverse pass): no A matrix and no gate is needed in the V loop
@@ -506,17 +531,36 @@ def chunk_dplr_bwd_kernel(
     dKw = tl.zeros([BC, BK], dtype=tl.float32)
     dBw = tl.zeros([BC, BK], dtype=tl.float32)
     dgS = tl.zeros([BK], dtype=tl.float32)
-    p_hs = (slot * H + i_h) * K * V
+    # h and dh are kept once per 32 tokens, i.e. for every second chunk here: an odd chunk steps the kept
+    # state over the chunk before (as the states pass did), an even one steps the kept dS back over the chunk
+    # after (as the reverse pass did), each with that chunk's operands from the backward's prep (same slots)
+    hslot, i_t, L = _kept_slot(slot, T, BC, 32)
+    p_hs = (hslot * H + i_h) * K * V
+    odd = ((i_t % 2) == 1) & (lenc > 0)
+    lenn = tl.minimum(L - (i_t + 1) * BC, BC)  # valid rows of the next chunk
+    has_next = ((i_t % 2) == 0) & (lenn > 0) & (lenc > 0)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         m_kv = m_k[:, None] & m_v[None, :] & (lenc > 0)
         m_vk = m_v[:, None] & m_k[None, :] & (lenc > 0)
         S0 = tl.load(h + p_hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.).to(tl.float32)
-        S0T = tl.load(h + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
         dS = tl.load(dh + p_hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.).to(tl.float32)
-        dST = tl.load(dh + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
+        if odd:
+            # S0 = e^gamma_C S + (B e^(gamma_C - gamma))^T U + (K e^(gamma_C - gamma))^T V over the chunk before
+            S0 = _kept_step(S0, egc, bwt, kwt, u, v, slot - 1, p_y - BC * H * V, m_v[None, :], o_c, o_k, m_k,
+                            H, i_h, 1.0, K, BC)
+            S0T = tl.trans(S0).to(tl.bfloat16)
+        else:
+            S0T = tl.load(h + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
+        if has_next:
+            # dS = e^gamma_C dS' + scale (Q e^gamma)^T dO + (A e^gamma')^T dR over the chunk after
+            dS = _kept_step(dS, egc, qwt, awt, do, dr, slot + 1, p_y + BC * H * V,
+                            (o_c < lenn)[:, None] & m_v[None, :], o_c, o_k, m_k, H, i_h, scale, K, BC)
+            dST = tl.trans(dS).to(tl.bfloat16)
+        else:
+            dST = tl.load(dh + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
         m_y = m_c[:, None] & m_v[None, :]
         p_yT = ((t0 + o_c[None, :]) * H + i_h) * V + o_v[:, None]
         m_yT = m_c[None, :] & m_v[:, None]
@@ -538,6 +582,8 @@ def chunk_dplr_bwd_kernel(
         dBw = _dot_acc(U, dST, dBw)
         dgS += tl.sum(dS * S0, 1)
 
+    b_q, b_k, b_a, b_b, g, gam, gamp, ed, Qw, Aw, Bw, Kw = _token_gates(
+        r_q, r_k, r_a, r_b, r_g, gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
     # gradient of gamma_C through S_C = e^gamma_C S0 + (B e^(gamma_C-gamma))^T U + (K e^(gamma_C-gamma))^T V:
     # sum_v dS * S_C = e^gamma_C sum_v dS * S0 + sum_c (B e^..) * (U dS^T) + (K e^..) * (V dS^T), the last two
     # being the dB~ and dK~ accumulators (no S_C tile needed)
@@ -608,6 +654,7 @@ SIGNATURES = {
         "do": "*bf16",
         "dq": "*bf16", "dk": "*bf16", "da": "*bf16", "db": "*bf16",
         "dg": "*bf16",
+        "egc": "*fp32", "bwt": "*bf16", "kwt": "*bf16", "qwt": "*bf16", "awt": "*bf16",
         "scale": "fp32", "T": "i32", "H": "i32",
     },
 }
@@ -617,17 +664,18 @@ CONSTEXPRS = {
     "chunk_dplr_fwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 64},
     "chunk_dplr_fwd_h_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 64},
     "chunk_dplr_bwd_dh_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
-    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 32, "BK": 64, "BV": 64},
+    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 64, "BV": 64},
 }
-# host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap)
-OPTIONS = {"overlap_state_passes": True}
+# host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
+# the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
+OPTIONS = {"overlap_state_passes": True, "states_every": 32}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 2, "num_stages": 2},
     "chunk_dplr_prep_bwd_kernel": {"num_warps": 2, "num_stages": 2},
     "chunk_dplr_fwd_kernel": {"num_warps": 4, "num_stages": 2},
     "chunk_dplr_fwd_h_kernel": {"num_warps": 4, "num_stages": 2},
     "chunk_dplr_bwd_dh_kernel": {"num_warps": 2, "num_stages": 2},
-    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 2},
+    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 3},
 }
 # the state passes for grids smaller than the device: the same arguments, other tiles and warps
 for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
