@@ -130,9 +130,10 @@ def load(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> DevKernelSet:
 
 
 def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=None, flags=None, seed=None,
-             keep_states=True):
+             keep_states=True, scale=None):
     """Forward + backward through the kernels vs float64 autograd of the reference; returns {name: rel err}.
-    keep_states=False: the training path, whose backward recomputes the states from its own prep's W and M."""
+    keep_states=False: the training path, whose backward recomputes the states from its own prep's W and M.
+    scale: the output scale (default K^-0.5)."""
     seed = random.randrange(2**31) if seed is None else seed
     shape = f"B={B} T={T}" if lens is None else f"lens={lens}"
     print(f"seed={seed} variant={v.name} {shape} H={H} extreme={extreme} flags={flags}")
@@ -155,8 +156,7 @@ def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=Non
     dt, gdt = TORCH_DT[v.dtype], TORCH_DT[v.gate_dtype]
     x = {n: d[n].to(dt) for n in ("q", "k", "v", "a", "b")}
     x["gk"] = d["gk"].to(gdt)
-    # the reference sees exactly the rounded inputs
-    scale = v.K**-0.5
+    scale = v.K**-0.5 if scale is None else scale
     # the reference sees exactly the rounded inputs
     leaves = {n: x[n].double().requires_grad_(True) for n in ("q", "k", "v", "a", "b", "gk")}
     leaves["h0"] = h0.clone().requires_grad_(True)
@@ -417,6 +417,14 @@ def test_token_pass_derives_states(dtype, K, BK, gate_bound, keep, kw):
     assert chunk_driver.token_chunk(ks) == 16 and chunk_driver.states_every(ks) == 32
     assert chunk_driver.derives_states(ks) and "_kept_step" in ks.m.__dict__
     check(run_case(v, H=2, tune=tune, extreme=gate_bound is None, keep_states=keep, **kw), TOL[dtype])
+
+
+def test_token_pass_derives_states_scale_zero():
+    """scale = 0 (a valid, finite scale): the derived dS steps with scale times dO's product, never through a
+    division by it."""
+    v = make_variant("fp32", K=32, V=32, chunk_size=16)
+    tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_v=16, states_every=32)}
+    check(run_case(v, B=1, T=64, H=1, tune=tune, keep_states=False, scale=0.0), TOL["fp32"])
 
 
 def test_states_every_shapes_the_states():

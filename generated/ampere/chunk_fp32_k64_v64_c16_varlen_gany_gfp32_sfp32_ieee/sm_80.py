@@ -146,15 +146,15 @@ def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexp
 
 @triton.jit
 def _slot_chunk(slot, cu_seqlens, chunk_map, T, BC: tl.constexpr):
-    """(first token, chunk index, valid rows) of a chunk slot; chunk_map[slot] = (sequence, chunk index in
-    it), chunk index -1 (no valid rows) for an unused slot."""
+    """(first token, valid rows, sequence, chunk index) of a chunk slot; chunk_map[slot] = (sequence, chunk
+    index in it), chunk index -1 (no valid rows) for an unused slot."""
     i_n = tl.load(chunk_map + 2 * slot)
     i_t = tl.load(chunk_map + 2 * slot + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     L = (eos - bos).to(tl.int32)
     lenc = tl.where(i_t >= 0, tl.minimum(L - i_t * BC, BC), 0)
-    return bos + i_t * BC, lenc
+    return bos + i_t * BC, lenc, i_n, i_t
 
 
 @triton.jit
@@ -217,7 +217,7 @@ def _prep(
     i_sh = tl.program_id(0)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
-    t0, lenc = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
+    t0, lenc, _, _ = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     m_c = o_c < lenc
@@ -459,7 +459,7 @@ def chunk_dplr_bwd_kernel(
     i_sh = i_sh // tl.cdiv(K, BK)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
-    t0, lenc = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
+    t0, lenc, i_n, i_t = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
     o_c = tl.arange(0, BC)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_c = o_c < lenc

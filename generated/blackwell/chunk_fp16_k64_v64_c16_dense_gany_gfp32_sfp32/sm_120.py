@@ -146,11 +146,12 @@ def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexp
 
 @triton.jit
 def _slot_chunk(slot, T, BC: tl.constexpr):
-    """(first token, valid rows) of a chunk slot: sequence n owns slots n * NT .. n * NT + NT - 1."""
+    """(first token, valid rows, sequence, chunk index) of a chunk slot: sequence n owns slots n * NT ..
+    n * NT + NT - 1."""
     NT = tl.cdiv(T, BC)
+    i_n = slot // NT
     i_t = (slot % NT).to(tl.int32)
-    bos = (slot // NT) * T
-    return bos + i_t * BC, tl.minimum(T - i_t * BC, BC)
+    return i_n * T + i_t * BC, tl.minimum(T - i_t * BC, BC), i_n, i_t
 
 
 @triton.jit
@@ -210,7 +211,7 @@ def _prep(
     i_sh = tl.program_id(0)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
-    t0, lenc = _slot_chunk(slot, T, BC)
+    t0, lenc, _, _ = _slot_chunk(slot, T, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     m_c = o_c < lenc
@@ -452,7 +453,7 @@ def chunk_dplr_bwd_kernel(
     i_sh = i_sh // tl.cdiv(K, BK)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
-    t0, lenc = _slot_chunk(slot, T, BC)
+    t0, lenc, i_n, i_t = _slot_chunk(slot, T, BC)
     o_c = tl.arange(0, BC)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_c = o_c < lenc

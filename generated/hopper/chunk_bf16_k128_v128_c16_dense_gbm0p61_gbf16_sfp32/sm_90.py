@@ -148,20 +148,12 @@ def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexp
 
 @triton.jit
 def _slot_chunk(slot, T, BC: tl.constexpr):
-    """(first token, valid rows) of a chunk slot: sequence n owns slots n * NT .. n * NT + NT - 1."""
+    """(first token, valid rows, sequence, chunk index) of a chunk slot: sequence n owns slots n * NT ..
+    n * NT + NT - 1."""
     NT = tl.cdiv(T, BC)
+    i_n = slot // NT
     i_t = (slot % NT).to(tl.int32)
-    bos = (slot // NT) * T
-    return bos + i_t * BC, tl.minimum(T - i_t * BC, BC)
-
-
-@triton.jit
-def _kept_slot(slot, T, BC: tl.constexpr, HC: tl.constexpr):
-    """(slot of the kept states, chunk index, sequence length) of a chunk slot whose states are kept every HC
-    tokens."""
-    NT = tl.cdiv(T, BC)
-    i_t = (slot % NT).to(tl.int32)
-    return (slot // NT) * tl.cdiv(T, HC) + i_t // (HC // BC), i_t, T
+    return i_n * T + i_t * BC, tl.minimum(T - i_t * BC, BC), i_n, i_t
 
 
 @triton.jit
@@ -221,7 +213,7 @@ def _prep(
     i_sh = tl.program_id(0)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
-    t0, lenc = _slot_chunk(slot, T, BC)
+    t0, lenc, _, _ = _slot_chunk(slot, T, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     m_c = o_c < lenc
@@ -495,8 +487,9 @@ def _kept_step(S, egc, xt, yt, x, y, slot, p_y, m_y, o_c, o_k, m_k, H, i_h, c,
     b_yt = tl.load(yt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
     b_x = tl.load(x + p_y, mask=m_y, other=0.).to(b_xt.dtype)
     b_y = tl.load(y + p_y, mask=m_y, other=0.).to(b_yt.dtype)
-    # c (S e^gamma_C / c + X^T x) + Y^T y: each product accumulated onto the last (one MMA layout, _dot_acc)
-    return _dot_acc(b_yt, b_y, _dot_acc(b_xt, b_x, S * (b_eg / c)[:, None]) * c)
+    # the passes' own sum (c scales its product, never S: c = 0 is a valid scale); the last product accumulated
+    # onto it (_dot_acc)
+    return _dot_acc(b_yt, b_y, S * b_eg[:, None] + c * _dot(b_xt, b_x))
 
 
 @triton.jit
@@ -511,7 +504,7 @@ def chunk_dplr_bwd_kernel(
     i_sh = i_sh // tl.cdiv(K, BK)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
-    t0, lenc = _slot_chunk(slot, T, BC)
+    t0, lenc, i_n, i_t = _slot_chunk(slot, T, BC)
     o_c = tl.arange(0, BC)
     o_k = i_kb * BK + tl.arange(0, BK)
     m_c = o_c < lenc
@@ -534,8 +527,8 @@ def chunk_dplr_bwd_kernel(
     # h and dh are kept once per 32 tokens, i.e. for every second chunk here: an odd chunk steps the kept
     # state over the chunk before (as the states pass did), an even one steps the kept dS back over the chunk
     # after (as the reverse pass did), each with that chunk's operands from the backward's prep (same slots)
-    hslot, i_t, L = _kept_slot(slot, T, BC, 32)
-    p_hs = (hslot * H + i_h) * K * V
+    _, L, hslot0 = _sequence(i_n, T, 32)  # the kept slots as the state passes number them
+    p_hs = ((hslot0 + i_t // 2) * H + i_h) * K * V
     odd = ((i_t % 2) == 1) & (lenc > 0)
     lenn = tl.minimum(L - (i_t + 1) * BC, BC)  # valid rows of the next chunk
     has_next = ((i_t % 2) == 0) & (lenn > 0) & (lenc > 0)
