@@ -126,6 +126,8 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         pr = drv.chunk_prep(*prep_args, for_bwd=True)
         dh, dr = drv.chunk_dplr_bwd_dh(ks, info, saved, pr, do, dht)[:2]
         h, u = saved["states"]
+        # a variant whose token pass derives every second state reads the backward prep's step operands
+        steps = drv.state_step_operands(pr) if drv.derives_states(ks) else ()
         fns = {
             "prep": lambda: drv.chunk_prep(*prep_args),
             # as a training forward runs it: the backward recomputes the states
@@ -133,7 +135,7 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
             "states": lambda: drv.chunk_states(ks, info, saved, pr),
             "prep_bwd": lambda: drv.chunk_prep(*prep_args, for_bwd=True),
             "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, pr, do, dht),
-            "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, h, u, do, dh, dr),
+            "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, h, u, do, dh, dr, steps=steps),
         }
         fns_kernels = (drv.PREP, drv.FWD, drv.FWD_H, drv.PREP_BWD, drv.BWD_DH, drv.BWD)
         for st, f in fns.items():  # once each, synchronised: a fault names its stage

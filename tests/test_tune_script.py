@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -32,13 +34,16 @@ def test_tune_dry_run_measures_every_setting(tmp_path: Path) -> None:
     assert "D=16 C=16 bwd" in "\n".join(res["table"])
 
 
-def test_tune_package_mode_times_a_built_package_as_shipped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bwd", ["", "  chunk.bwd: {states_every: 32}\n"], ids=["as-is", "derives-states"])
+def test_tune_package_mode_times_a_built_package_as_shipped(tmp_path: Path, bwd: str) -> None:
+    """--package times every stage of the package's own kernels, including a token pass that derives every second
+    state from the backward prep's operands (it takes them as an argument: the stage failed without them)."""
     from dplr_gen import build as b
 
     spec = tmp_path / "shipped.yaml"
     spec.write_text("name: shipped\ntargets: [sm_90]\nvariants:\n  - ops: [chunk]\n    dtypes: [fp32]\n"
                     "    head_dims: [16]\n    chunk_sizes: [16]\n    varlen: [false]\n    gate_bounds: [-0.61]\n"
-                    "tuning:\n  chunk.fwd: {num_warps: 2, num_stages: 1, block_v: 16}\n")
+                    "tuning:\n  chunk.fwd: {num_warps: 2, num_stages: 1, block_v: 16}\n" + bwd)
     b.write_package(b.plan(spec, tmp_path / "gen"))
     env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(REPO))
     proc = subprocess.run(
