@@ -106,13 +106,15 @@ def _device_sms(device: torch.device) -> int:
 
 def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[str, int]:
     """The state-pass kernel to launch and its V tile: the variant's small-grid copy (``*_small_kernel``,
-    where its spec tunes one) when the grid of the first would hold fewer programs than the device has SMs."""
+    where its spec tunes one) when the grid of the first would hold fewer programs than the device has SMs, or
+    than that many times the variant's ``small_grid_below_sms`` (knob launch_below_sms)."""
     small = name.replace("_kernel", "_small_kernel")
     if ks.has(small):
         if SMALL_GRID is not None:
             use = SMALL_GRID
         else:
-            use = NH * _cdiv(V, ks.constexprs(name)["BV"]) < _device_sms(device)
+            below = ks.option("small_grid_below_sms", {}).get(name, 1)
+            use = NH * _cdiv(V, ks.constexprs(name)["BV"]) < below * _device_sms(device)
         if use:
             name = small
     return name, ks.constexprs(name)["BV"]

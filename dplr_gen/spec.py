@@ -40,6 +40,7 @@ STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "overlap": ("chunk.bwd_dh",),
     "block_k": ("chunk.bwd",),
     "states_every": ("chunk.bwd",),
+    "launch_below_sms": ("chunk.fwd_small", "chunk.bwd_dh_small"),
 }
 
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
@@ -96,6 +97,10 @@ class Knobs(_Strict):
     # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave
     # most of the device idle. Costs the forward prep's operands kept alive through the reverse pass.
     overlap: bool | None = None
+    # stages chunk.fwd_small and chunk.bwd_dh_small only: the small-grid copy is launched where the main kernel's
+    # grid has fewer programs than this many times the device's SMs (None: 1, i.e. fewer programs than SMs).
+    # Above 1 where the main kernel holds many programs per SM, so that a grid of a few per SM leaves it idle.
+    launch_below_sms: int | None = Field(None, ge=1, le=64)
 
     @field_validator("block_k", "block_v")
     @classmethod

@@ -91,9 +91,10 @@ ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template'
 
 
 def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None, max_registers=None,
-          states_every=None):
+          states_every=None, launch_below_sms=None):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
-                           chunk=chunk, overlap=overlap, max_registers=max_registers, states_every=states_every)
+                           chunk=chunk, overlap=overlap, max_registers=max_registers, states_every=states_every,
+                           launch_below_sms=launch_below_sms)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
@@ -362,6 +363,22 @@ def test_small_grid_choice(monkeypatch):
     plain = load(make_variant("fp32", K=32, V=48))
     assert chunk_driver._pass_kernel(plain, chunk_driver.FWD_H, 1, 48, gpu) == (
         chunk_driver.FWD_H, plain.constexprs(chunk_driver.FWD_H)["BV"])
+
+
+
+def test_small_grid_choice_below_a_multiple_of_the_sms(monkeypatch):
+    """Knob launch_below_sms: the copy up to that many times the SMs (here 4 for the states passes' copy, the
+    reverse pass's default 1), for the forward's and the states-only pass alike."""
+    ks = load(make_variant("fp32", K=32, V=48), {**SMALL, "fwd_small": knobs(block_v=16, num_warps=4, num_stages=2,
+                                                                          launch_below_sms=4)})
+    assert ks.option("small_grid_below_sms") == {chunk_driver.FWD: 4, chunk_driver.FWD_H: 4, chunk_driver.BWD_DH: 1}
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(chunk_driver, "_sm_count", lambda index: 132)
+    for name in (chunk_driver.FWD, chunk_driver.FWD_H):  # two V tiles of 32: 2 NH programs
+        assert chunk_driver._pass_kernel(ks, name, 263, 48, gpu)[0] == name.replace("_kernel", "_small_kernel")
+        assert chunk_driver._pass_kernel(ks, name, 264, 48, gpu) == (name, 32)
+    assert chunk_driver._pass_kernel(ks, chunk_driver.BWD_DH, 65, 48, gpu)[0] == "chunk_dplr_bwd_dh_small_kernel"
+    assert chunk_driver._pass_kernel(ks, chunk_driver.BWD_DH, 66, 48, gpu) == (chunk_driver.BWD_DH, 32)
 
 
 def _token_chunk_knobs(tc, block_v=None):

@@ -165,6 +165,11 @@ def test_quirk_caps_win_over_variant_tuning(tmp_path: Path) -> None:
          "tuning: {chunk.bwd: {max_registers: 300}}\n", "tuning.chunk.bwd.max_registers"),
         ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
          "tuning: {chunk.fwd: {block_k: 32}}\n", "tuning.chunk.fwd.block_k: only chunk.bwd"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "tuning: {chunk.fwd: {launch_below_sms: 4}}\n",
+         "tuning.chunk.fwd.launch_below_sms: only chunk.fwd_small, chunk.bwd_dh_small"),
+        ("name: t\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n"
+         "tuning: {chunk.fwd_small: {launch_below_sms: 0}}\n", "tuning.chunk.fwd_small.launch_below_sms"),
     ],
 )
 def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None:

@@ -587,7 +587,11 @@ CONSTEXPRS = {
 }
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
 # the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
-OPTIONS = {"overlap_state_passes": False, "states_every": 16}
+# the small-grid copies (knob launch_below_sms): launched where the main kernel's grid has fewer programs than
+# this many times the device's SMs
+OPTIONS = {"overlap_state_passes": False, "states_every": 16,
+           "small_grid_below_sms": {
+           }}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 4, "num_stages": 1},
     "chunk_dplr_prep_bwd_kernel": {"num_warps": 4, "num_stages": 1},

@@ -634,7 +634,14 @@ CONSTEXPRS = {
 }
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
 # the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
-OPTIONS = {"overlap_state_passes": True, "states_every": 16}
+# the small-grid copies (knob launch_below_sms): launched where the main kernel's grid has fewer programs than
+# this many times the device's SMs
+OPTIONS = {"overlap_state_passes": True, "states_every": 16,
+           "small_grid_below_sms": {
+               "chunk_dplr_fwd_kernel": 1,
+               "chunk_dplr_fwd_h_kernel": 1,
+               "chunk_dplr_bwd_dh_kernel": 1,
+           }}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 2, "num_stages": 2},
     "chunk_dplr_prep_bwd_kernel": {"num_warps": 2, "num_stages": 2},
