@@ -106,8 +106,8 @@ def _device_sms(device: torch.device) -> int:
 
 def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[str, int]:
     """The state-pass kernel to launch and its V tile: the variant's small-grid copy (``*_small_kernel``,
-    where its spec tunes one) when the grid of the first would hold fewer programs than the device has SMs, or
-    than that many times the variant's ``small_grid_below_sms`` (knob launch_below_sms)."""
+    where its spec tunes one) when the grid of the first would hold fewer programs than the device's SMs times
+    the variant's ``small_grid_below_sms`` for it (knob launch_below_sms; 1 where unset)."""
     small = name.replace("_kernel", "_small_kernel")
     if ks.has(small):
         if SMALL_GRID is not None:
