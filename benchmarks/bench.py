@@ -53,6 +53,9 @@ SEED = 1234
 # ----------------------------------------------------------------------------------------------------------
 # worker side
 
+# what a cold-start job reports (besides finite/error); the parent adds wall_s
+COLD_FIELDS = ("load_s", "inputs_s", "first_fwd_s", "first_bwd_s", "first_fwd_bwd_s", "sympy_imported")
+
 
 class Worker:
     def __init__(self, cfg: dict[str, Any]) -> None:
@@ -76,8 +79,9 @@ class Worker:
         return C.rwkv7_case(shape.B, shape.T, shape.H, shape.D, dtype=self.dtype, device=self.device, seed=seed,
                             n_states=shape.N)
 
-    def first_call(self, system: str, shape: C.Shape, seed: int = SEED) -> dict[str, Any]:
-        """Inputs, cotangents, and the first fwd+bwd (timed, wall clock)."""
+    def first_call(self, system: str, shape: C.Shape, seed: int = SEED, loss_backward: bool = False) -> dict[str, Any]:
+        """Inputs, cotangents, and the first fwd+bwd (timed, wall clock); ``loss_backward``: the backward as a
+        training loop calls it (see C.fwd_loss_backward), the forward timed apart."""
         t0 = time.perf_counter()
         op, info = self.op(system)
         t1 = time.perf_counter()
@@ -89,11 +93,17 @@ class Worker:
         xl = C.leaves(x)
         C.sync(self.device)
         t2 = time.perf_counter()
-        got = C.fwd_bwd(op, xl, do, dht, cu, cu_cpu)
+        split: dict[str, Any] = {}
+        if loss_backward:
+            got, t_fwd = C.fwd_loss_backward(op, xl, do, dht, cu, cu_cpu, sync=lambda: C.sync(self.device))
+        else:
+            got = C.fwd_bwd(op, xl, do, dht, cu, cu_cpu)
         C.sync(self.device)
         t3 = time.perf_counter()
+        if loss_backward:
+            split = {"first_fwd_s": t_fwd, "first_bwd_s": t3 - t2 - t_fwd, "sympy_imported": "sympy" in sys.modules}
         return {"op": op, "info": info, "x": xl, "do": do, "dht": dht, "cu": cu, "cu_cpu": cu_cpu, "got": got,
-                "load_s": t1 - t0, "inputs_s": t2 - t1, "first_fwd_bwd_s": t3 - t2}
+                "load_s": t1 - t0, "inputs_s": t2 - t1, "first_fwd_bwd_s": t3 - t2, **split}
 
     def run(self, job: str) -> dict[str, Any]:
         kind, system, *rest = job.split(":")
@@ -103,8 +113,8 @@ class Worker:
         if kind == "speed":
             return self.speed(system, shape)
         if kind == "cold":
-            s = self.first_call(system, shape)
-            return {k: s[k] for k in ("load_s", "inputs_s", "first_fwd_bwd_s")} | {"finite": all(C.all_finite(s["got"]).values())}
+            s = self.first_call(system, shape, loss_backward=True)
+            return {k: s[k] for k in COLD_FIELDS if k in s} | {"finite": all(C.all_finite(s["got"]).values())}
         raise ValueError(f"unknown job {job!r}")
 
     def accuracy(self, system: str) -> dict[str, Any]:
@@ -177,7 +187,7 @@ def summarise(results: dict[str, dict[str, Any]], shapes: list[C.Shape], systems
         if key.startswith("cold:"):
             _, sysname, label = key.split(":")
             cold.append({"system": sysname, "shape": label, **{k: r.get(k) for k in (
-                "wall_s", "load_s", "inputs_s", "first_fwd_bwd_s", "finite", "error")}})
+                "wall_s", *COLD_FIELDS, "finite", "error")}})
     acc = {s: results.get(f"acc:{s}", {"error": "not run"}) for s in systems}
     return speed, cold, acc
 
@@ -200,9 +210,10 @@ def tables(speed: list[dict[str, Any]], cold: list[dict[str, Any]], acc: dict[st
         out.append(f"varlen ({VARLEN.N} sequences) / the same tokens as one dense sequence, fwd+bwd: " + ", ".join(ve))
     if cold:
         out.append(C.format_table(
-            ["system", "shape", "wall s", "import+load s", "inputs s", "1st fwd+bwd s", "error"],
-            [[r["system"], r["shape"], r["wall_s"], r["load_s"], r["inputs_s"], r["first_fwd_bwd_s"],
-              (r["error"] or "")[:60]] for r in cold],
+            ["system", "shape", "wall s", "import+load s", "inputs s", "1st fwd s", "1st bwd s", "1st fwd+bwd s",
+             "error"],
+            [[r["system"], r["shape"], r["wall_s"], r["load_s"], r["inputs_s"], r.get("first_fwd_s"),
+              r.get("first_bwd_s"), r["first_fwd_bwd_s"], (r["error"] or "")[:60]] for r in cold],
             title="cold start (fresh process, empty Triton cache)"))
     return "\n\n".join(out)
 
@@ -372,7 +383,9 @@ DEFINITIONS = {
     "vs_dense_equiv": "varlen case / the same 32768 tokens as one dense sequence, same system",
     "accuracy": "relative norm error ||x - ref|| / ||ref|| vs the float64 step-by-step reference, B=1 T=512 H=2 D=64",
     "cold_start": "wall clock of a fresh process (import, inputs, first fwd+bwd, exit) with an empty TRITON_CACHE_DIR; "
-                  "dplr-gen with DPLR_GEN_NO_JIT=1",
+                  "dplr-gen with DPLR_GEN_NO_JIT=1; in it, first_fwd_s and first_bwd_s: the first forward and the "
+                  "first loss.backward() of <o,do> + <ht,dht> (the training-loop form; autograd.grad with "
+                  "grad_outputs would import sympy, seconds of torch's own)",
     "inputs": "RWKV-7: w in (-0.6065,0) log-decay (fla's w), a=-kk, b=kk*iclr, k*K^-0.5, h0=0.5 randn, scale=1; "
               "same seed -> same tensors for every system (checksums recorded); workers run with DPLR_GEN_NO_JIT=1",
 }

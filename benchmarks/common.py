@@ -412,6 +412,23 @@ def fwd_bwd(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None, cu
     return {"o": o.detach(), "ht": ht.detach(), **{"d" + n: g for n, g in zip(names, grads)}}
 
 
+def fwd_loss_backward(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None, cu_cpu: Any = None,
+                      sync: Callable[[], None] = lambda: None) -> tuple[dict[str, Any], float]:
+    """As :func:`fwd_bwd`, but the backward as a training loop calls it: ``loss.backward()`` on the scalar
+    <o, do> + <ht, dht>, gradients read from ``.grad``. (``torch.autograd.grad`` with grad_outputs makes torch
+    import sympy for its shape check on the first call: seconds that belong to neither kernel library.)
+    Returns the results and the forward's seconds (``sync`` is called before reading the clock)."""
+    import time
+
+    t0 = time.perf_counter()
+    o, ht = op(xl, cu, cu_cpu)
+    sync()
+    t_fwd = time.perf_counter() - t0
+    ((o.float() * do.float()).sum() + (ht.float() * dht.float()).sum()).backward()
+    names = [n for n in INPUTS if xl.get(n) is not None]
+    return {"o": o.detach(), "ht": ht.detach(), **{"d" + n: xl[n].grad for n in names}}, t_fwd
+
+
 def step_closures(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None,
                   cu_cpu: Any = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(forward, forward+backward) as the speed measurements time them: the op on the leaves ``xl``, then

@@ -130,6 +130,7 @@ class BuildReport:
     outcomes: list[CompileOutcome] = field(default_factory=list)
     refused: list[Filtered] = field(default_factory=list)
     seconds: float = 0.0
+    stubs: str = ""  # what became of the launch stubs (build_launch_stubs)
 
     @property
     def failures(self) -> list[CompileOutcome]:
@@ -166,6 +167,7 @@ def build(
     force: bool = False,
     out_root: Path | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
+    stubs: bool = True,
 ) -> BuildReport:
     t0 = time.perf_counter()
     p = plan(spec_path, out_root)
@@ -177,6 +179,8 @@ def build(
         report.written = write_package(p)
         if not force and manifest_is_current(p, read_manifest(p.out_dir), root):
             report.up_to_date = True
+            if stubs:
+                report.stubs = build_launch_stubs(p.out_dir)
             report.seconds = time.perf_counter() - t0
             return report
         tv = str(p.triton_version)
@@ -205,5 +209,32 @@ def build(
             "failures": [{"unit": o.unit, "target": o.target, "error": o.error} for o in report.failures],
         }
         cache.atomic_write_text(p.out_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    if stubs:
+        report.stubs = build_launch_stubs(p.out_dir)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _cuda_usable() -> bool:
+    if not any(Path(d).exists() for d in ("/dev/nvidiactl", "/dev/dxg")):  # no driver: skip torch's import
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def build_launch_stubs(out_dir: Path) -> str:
+    """Build the C launch stubs Triton needs for the package's kernels and keep them beside the kernels in
+    dplr-gen's cache, where a fresh process finds them even with an empty Triton cache. They link against
+    the CUDA driver, so this runs only where one is usable; elsewhere the first process that loads a
+    variant on a GPU builds and keeps them. Returns a line for the build report."""
+    if not _cuda_usable():
+        return "launch stubs: no CUDA GPU here, built and kept by the first process that loads a variant on one"
+    from .runtime import package_at
+
+    t0 = time.perf_counter()
+    n = package_at(out_dir).build_launch_stubs()
+    return f"launch stubs: built or found for {n} kernels in {time.perf_counter() - t0:.1f} s"

@@ -79,6 +79,8 @@ def build(
         f"{report.spec}: {state}; {len(report.failures)} failed; {len(report.refused)} refused or filtered "
         f"(`dplr-gen list {spec}` says why); {report.seconds:.1f} s -> {report.out_dir}"
     )
+    if report.stubs:
+        out.print(f"{report.spec}: {report.stubs}")
     if report.failures:
         raise typer.Exit(EXIT_BUILD_FAILED)
 

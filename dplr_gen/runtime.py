@@ -23,6 +23,7 @@ from .variant import Variant
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
 NO_JIT_ENV = "DPLR_GEN_NO_JIT"
+KEEP_STUBS_ENV = "DPLR_GEN_KEEP_STUBS"  # "0": launch stubs stay in Triton's cache only
 SPEC_ENV = "DPLR_GEN_SPEC"
 
 
@@ -200,7 +201,7 @@ class SpecPackage:
             _set_torch_allocator()
         aot, why = self._load_aot(module, entry["unit"])
         if aot is not None:
-            triton_compat.warm_launchers(aot.values())
+            triton_compat.warm_launchers(aot.values(), keep_in=self._stub_store())
             return KernelSet(module, aot)
         if os.environ.get(NO_JIT_ENV, "0") not in ("", "0"):
             raise NotBuiltError(
@@ -227,7 +228,7 @@ class SpecPackage:
         if unit not in manifest["units"]:
             return None, "the last build did not produce it"
         out: dict[str, Any] = {}
-        root = Path(manifest.get("cache_root") or cache.cache_root())
+        root = self._cache_root(manifest)
         for rec in manifest["units"][unit]["kernels"]:
             name = rec["kernel"]
             meta = cache.read_entry(rec["key"], installed, root)
@@ -238,6 +239,36 @@ class SpecPackage:
                 cache.entry_dir(rec["key"], installed, root), meta["triton_metadata"].get("hash", rec["key"]),
             )
         return out, ""
+
+    def _cache_root(self, manifest: dict[str, Any]) -> Path:
+        return Path(manifest.get("cache_root") or cache.cache_root())
+
+    def _stub_store(self) -> tuple[Path, str] | None:
+        """Where launch stubs are kept beside this package's kernels (see triton_compat.driver_modules_kept_in)."""
+        manifest = self.manifest()
+        if manifest is None or os.environ.get(KEEP_STUBS_ENV, "1") in ("", "0"):
+            return None
+        return self._cache_root(manifest), manifest["triton_version"]
+
+    def build_launch_stubs(self) -> int:
+        """Build (or find) the launch stubs of every kernel this package's manifest names and keep them in
+        dplr-gen's cache, so that a fresh process on this machine, even with an empty Triton cache, compiles
+        none. Needs Triton's CUDA driver (a GPU); returns the number of kernels covered."""
+        from . import triton_compat
+
+        manifest = self.manifest()
+        if manifest is None:
+            raise NotBuiltError(f"{self.dir} has no manifest.json: run `dplr-gen build {self.spec_file}` first")
+        kernels: list[Any] = []
+        for name, entry in self.index["variants"].items():
+            for target, t in entry["targets"].items():
+                if t["unit"] not in manifest["units"]:
+                    continue
+                module = import_source(self.dir / t["source"], f"dplr_gen_kernels.{self.name}.{t['unit']}")
+                aot, _ = self._load_aot(module, t["unit"])
+                kernels.extend((aot or {}).values())
+        triton_compat.warm_launchers(kernels, keep_in=self._stub_store())
+        return len(kernels)
 
     def __getattr__(self, name: str) -> Any:
         from . import ops

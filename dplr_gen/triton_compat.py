@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import inspect
@@ -28,7 +29,9 @@ import os
 import re
 import shutil
 import sys
+import sysconfig
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -464,20 +467,98 @@ class LoadedKernel:
         return run
 
 
-def warm_launchers(kernels: Iterable[LoadedKernel]) -> None:
+# Triton's CUDA driver compiles these C modules with the system C compiler; they hold no kernel code.
+_DRIVER_MODULES = ("__triton_launcher", "cuda_utils")
+_DRIVER_BUILDS = threading.Lock()
+
+
+@contextlib.contextmanager
+def driver_modules_kept_in(root: Path, triton_version: str) -> Iterator[None]:
+    """While active, the C modules Triton's CUDA driver compiles (its utilities and each kernel's launch stub)
+    are also kept in dplr-gen's cache at ``root``, and a later process whose Triton cache lacks them finds
+    them there instead of compiling them again.
+
+    Why: Triton compiles them at a kernel's first launch (about 0.4 s each on the H100 machine) into its own
+    cache only, so a fresh node or an empty TRITON_CACHE_DIR pays for them again although dplr-gen's cache
+    holds the kernels themselves. A stored module is put back into Triton's cache under Triton's key (the C
+    source and the platform, as ``compile_module_from_src`` computes it) just before Triton looks.
+    Best effort: a release that builds them another way finds nothing and compiles as it always does.
+    """
+    from . import cache
+
+    try:
+        import triton.backends.nvidia.driver as nv
+        from triton.runtime.build import platform_key
+        from triton.runtime.cache import get_cache_manager
+    except ImportError:
+        yield
+        return
+    original = getattr(nv, "compile_module_from_src", None)
+    if original is None:
+        yield
+        return
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+
+    def build(src: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name not in _DRIVER_MODULES:
+            return original(src, name, *args, **kwargs)
+        file = f"{name}{suffix}"
+        key = cache.cache_key(what="triton driver module", src=src, name=name, platform=platform_key(), ext=suffix)
+        stored = cache.read_entry(key, triton_version, root) is not None
+        if stored:
+            try:
+                data = (cache.entry_dir(key, triton_version, root) / file).read_bytes()
+                manager = get_cache_manager(hashlib.sha256((src + platform_key()).encode()).hexdigest())
+                if manager.get_file(file) is None:
+                    manager.put(data, file, binary=True)
+            except OSError:
+                pass
+        module = original(src, name, *args, **kwargs)
+        if not stored:
+            try:
+                data = Path(module.__file__).read_bytes()
+                with cache.locked(key, triton_version, root):
+                    cache.write_entry(key, triton_version, {file: data},
+                                      {"kind": "triton driver module", "name": name, "file": file}, root)
+            except (OSError, TypeError):
+                pass
+        return module
+
+    with _DRIVER_BUILDS:
+        nv.compile_module_from_src = build
+        try:
+            yield
+        finally:
+            nv.compile_module_from_src = original
+
+
+def _launcher_identity(k: LoadedKernel) -> Any:
+    """What a kernel's launch stub is generated from (its argument types and constants): kernels alike in
+    these share one stub, so it is built once."""
+    src = k.compiled.src
+    try:
+        return repr((sorted(src.signature.items()), sorted(src.constants.items(), key=repr),
+                     getattr(k.compiled.metadata, "tensordesc_meta", None)))
+    except (AttributeError, TypeError):
+        return id(k)
+
+
+def warm_launchers(kernels: Iterable[LoadedKernel], keep_in: tuple[Path, str] | None = None) -> None:
     """Build the host-side launch stubs of ``kernels`` now, concurrently (no device work).
 
     Triton builds one small C launcher per kernel signature with the system C compiler at the first launch
     and caches it: about 0.4 s each on the H100 machine, one after the other, 1.7 s of a cold start
     (scripts/cold_start.py). Built here in threads (the compiler runs as a subprocess), the first launches
-    find them in Triton's cache. Best effort: on any error the stubs get built at first launch as usual.
+    find them in Triton's cache. With ``keep_in=(cache root, Triton version)`` they are also kept in (and
+    first looked up in) dplr-gen's cache: see :func:`driver_modules_kept_in`. Best effort: on any error the
+    stubs get built at first launch as usual.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from triton.runtime import driver
 
-    ks = list(kernels)
-    if len(ks) < 2:
+    ks = list({_launcher_identity(k): k for k in kernels}.values())
+    if not ks:
         return
 
     def build(k: LoadedKernel) -> None:
@@ -486,7 +567,8 @@ def warm_launchers(kernels: Iterable[LoadedKernel]) -> None:
         except Exception:  # noqa: BLE001 - only a head start; the first launch builds it otherwise
             pass
 
-    with ThreadPoolExecutor(len(ks)) as pool:
+    kept = driver_modules_kept_in(*keep_in) if keep_in else contextlib.nullcontext()
+    with kept, ThreadPoolExecutor(min(len(ks), 32)) as pool:
         list(pool.map(build, ks))
 
 

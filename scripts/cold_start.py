@@ -8,7 +8,9 @@ does on the way (count and seconds); ``cold_start_s`` is the sum without buildin
 Python's bytecode: the GPU machine's site-packages hold no .pyc files (read-only), so every process there
 compiles torch's sources again, unlike any installed machine. The runs therefore use a PYTHONPYCACHEPREFIX
 filled once by a warm-up child (not recorded), except ``cold_no_bytecode``, which shows the machine as it is.
-Runs: ``cold`` (empty TRITON_CACHE_DIR; backward as a training loop calls it, ``loss.backward()``),
+Runs: ``cold`` (empty TRITON_CACHE_DIR, the launch stubs dplr-gen keeps in its cache found there; backward
+as a training loop calls it, ``loss.backward()``), ``cold_stubs_not_kept`` (the same with
+DPLR_GEN_KEEP_STUBS=0: every stub compiled, as before dplr-gen kept them),
 ``cold_grad_tensors`` (the same, backward as ``torch.autograd.backward(outputs, grad_tensors)``: torch then
 imports sympy for its shape check), ``warm_triton_cache`` (Triton's launcher stubs cached), ``cold_no_bytecode``
 and ``cold_importtime`` (``python -X importtime``). Writes $OUT/cold_start.json.
@@ -35,13 +37,11 @@ t["import_torch"] = time.perf_counter()
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 t["cuda_init"] = time.perf_counter()
 import triton.runtime.build as tb
-builds = []
-_orig = tb.compile_module_from_src
+builds = []  # C compiler runs only (a module found in Triton's cache is not one)
+_orig = tb._build
 def _timed(*a, **k):
     s = time.perf_counter(); m = _orig(*a, **k); builds.append(time.perf_counter() - s); return m
-tb.compile_module_from_src = _timed
-import triton.backends.nvidia.driver as nd
-nd.compile_module_from_src = _timed
+tb._build = _timed
 import dplr_gen
 from dplr_gen import ops
 from dplr_gen.runtime import package_at
@@ -78,9 +78,10 @@ print("RESULT " + json.dumps({"phases_s": phases, "total_s": t["first_bwd"] - t[
 
 
 def run_child(package: str, shape: str, cache_dir: str, pycache: str | None, backward: str = "loss",
-              importtime: bool = False) -> dict:
+              importtime: bool = False, keep_stubs: bool = True) -> dict:
     """One fresh child; ``pycache``: PYTHONPYCACHEPREFIX (None: no bytecode written or read from a prefix)."""
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, DPLR_GEN_NO_JIT="1",
+               DPLR_GEN_KEEP_STUBS="1" if keep_stubs else "0",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("PYTHONPYCACHEPREFIX", None)
     if pycache is None:
@@ -108,6 +109,13 @@ def run_child(package: str, shape: str, cache_dir: str, pycache: str | None, bac
     return out
 
 
+def kept_stubs(package: str) -> int:
+    """How many C modules of Triton's driver dplr-gen's cache holds for the package's Triton release."""
+    manifest = json.loads((Path(package) / "manifest.json").read_text())
+    root = Path(manifest["cache_root"]) / f"triton-{manifest['triton_version']}"
+    return sum("triton driver module" in m.read_text() for m in root.glob("*/*/meta.json"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--package", default=str(REPO / "generated" / "hopper"))
@@ -120,7 +128,9 @@ def main() -> int:
     res = {
         "shape": args.shape,
         "bytecode_warmup_rc": warmup["rc"],
+        "kept_stubs": kept_stubs(args.package),
         "cold": run_child(args.package, args.shape, cache, pyc),
+        "cold_stubs_not_kept": run_child(args.package, args.shape, fresh(), pyc, keep_stubs=False),
         "cold_grad_tensors": run_child(args.package, args.shape, fresh(), pyc, backward="tensors"),
         "warm_triton_cache": run_child(args.package, args.shape, cache, pyc),
         "cold_no_bytecode": run_child(args.package, args.shape, fresh(), None),

@@ -272,7 +272,8 @@ def test_bench_summary_ratios_floors_and_tables() -> None:
     assert row[(bench.VARLEN.label, "dplr-fast")]["vs_dense_equiv_fwd_bwd"] == 0.8
     assert row[("4x4096x32x64", "dplr-fast")]["vs_dense_equiv_fwd"] is None
     assert cold == [{"system": "dplr-fast", "shape": "4x4096x32x64", "wall_s": 3.0, "load_s": None,
-                     "inputs_s": None, "first_fwd_bwd_s": 0.4, "finite": None, "error": None}]
+                     "inputs_s": None, "first_fwd_s": None, "first_bwd_s": None, "first_fwd_bwd_s": 0.4,
+                     "sympy_imported": None, "finite": None, "error": None}]
     assert acc["dplr-fast"]["errors"]["o"] == 1e-3 and acc["fla-best"]["error"] == "not run"
     text = bench.tables(speed, cold, acc)
     assert "boom" in text and "cold start" in text and "0.5" in text and "dense sequence, fwd+bwd: dplr-fast 0.80" in text

@@ -10,6 +10,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,3 +201,27 @@ def test_abort_names_the_kernel_being_compiled(tmp_path: Path) -> None:
     res = run_in_subprocess(job)
     assert not res.ok
     assert "SIGABRT" in res.error and "kernel boom of boomunit for sm_90" in res.error
+
+
+def test_build_keeps_launch_stubs_for_every_built_kernel(small_spec: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stubs of every kernel in the manifest are built into dplr-gen's cache root; without a GPU the
+    build says it left them to the first process on one."""
+    from dplr_gen import runtime, triton_compat
+
+    out = tmp_path / "gen"
+    report = b.build(small_spec, jobs=2, out_root=out, stubs=False)
+    assert report.stubs == ""
+    monkeypatch.setattr(b, "_cuda_usable", lambda: False)
+    assert "no CUDA GPU here" in b.build_launch_stubs(out / "small")
+    seen: list[tuple[list[Any], Any]] = []
+    monkeypatch.setattr(triton_compat, "warm_launchers", lambda ks, keep_in=None: seen.append((list(ks), keep_in)))
+    n = runtime.package_at(out / "small").build_launch_stubs()
+    manifest = json.loads((out / "small" / "manifest.json").read_text())
+    assert n == sum(len(u["kernels"]) for u in manifest["units"].values()) == 4
+    (kernels, keep_in), = seen
+    assert {k.compiled.name for k in kernels} == {k["kernel"] for u in manifest["units"].values() for k in u["kernels"]}
+    assert keep_in == (Path(manifest["cache_root"]), manifest["triton_version"])
+    (out / "small" / "manifest.json").unlink()
+    with pytest.raises(runtime.NotBuiltError, match="dplr-gen build"):
+        runtime.package_at(out / "small").build_launch_stubs()

@@ -318,3 +318,79 @@ def test_warm_launchers_builds_each_stub_once_and_never_raises(monkeypatch) -> N
     tc.warm_launchers(ks)
     assert sorted(built) == ["a", "b"]
     assert len(threads) > 1  # concurrently
+
+
+_TINY_EXT = """
+#include <Python.h>
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "%s", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_%s(void) { return PyModule_Create(&def); }
+/* %s */
+"""
+
+
+def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compile(tmp_path, monkeypatch) -> None:
+    """A launch stub Triton compiled once (real gcc, real Triton cache) is kept in dplr-gen's cache; a process
+    with an empty Triton cache then gets it without compiling; other modules pass through untouched."""
+    import subprocess
+
+    import triton.backends.nvidia.driver as nv
+    import triton.runtime.build as tb
+
+    from dplr_gen import cache
+    from dplr_gen import triton_compat as tc
+
+    compiles: list[str] = []
+    real_check_call = subprocess.check_call
+
+    def counting_check_call(cmd, *a, **k):
+        compiles.append(cmd[1])
+        return real_check_call(cmd, *a, **k)
+
+    monkeypatch.setattr(tb.subprocess, "check_call", counting_check_call)
+    original = nv.compile_module_from_src
+    root, version = tmp_path / "dplr", "3.6.0"
+    launcher = _TINY_EXT % ("__triton_launcher", "__triton_launcher", "signature A")
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-1"))
+    with tc.driver_modules_kept_in(root, version):
+        assert nv.compile_module_from_src is not original
+        first = nv.compile_module_from_src(src=launcher, name="__triton_launcher")
+        other = nv.compile_module_from_src(src=_TINY_EXT % ("other_mod", "other_mod", ""), name="other_mod")
+    assert nv.compile_module_from_src is original
+    assert first.__name__ == "__triton_launcher" and other.__name__ == "other_mod"
+    assert len(compiles) == 2
+    kept = [p for p in root.rglob(cache.META)]
+    assert len(kept) == 1 and "__triton_launcher" in kept[0].read_text()  # only the driver's own module
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-2"))  # a fresh node: empty Triton cache
+    with tc.driver_modules_kept_in(root, version):
+        again = nv.compile_module_from_src(src=launcher, name="__triton_launcher")
+        assert len(compiles) == 2  # found, not compiled
+        assert Path(again.__file__).read_bytes() == Path(first.__file__).read_bytes()
+        assert str(tmp_path / "triton-2") in again.__file__  # through Triton's own cache, where it looks
+        # another signature is not mistaken for the stored one
+        nv.compile_module_from_src(src=_TINY_EXT % ("__triton_launcher", "__triton_launcher", "signature B"),
+                                   name="__triton_launcher")
+        assert len(compiles) == 3
+    assert len(list(root.rglob(cache.META))) == 2
+
+
+def test_warm_launchers_builds_one_stub_per_signature(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    import triton.runtime
+
+    from dplr_gen import triton_compat as tc
+
+    built: list[Any] = []
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=SimpleNamespace(
+        launcher_cls=lambda src, metadata: built.append(src.signature))))
+
+    def kernel(sig: dict[str, str], consts: dict[Any, Any]) -> Any:
+        return tc.LoadedKernel(SimpleNamespace(src=SimpleNamespace(signature=sig, constants=consts),
+                                               metadata=SimpleNamespace()), [], {})
+
+    ks = [kernel({"x": "*bf16", "n": "i32"}, {}), kernel({"x": "*bf16", "n": "i32"}, {}),
+          kernel({"x": "*fp32", "n": "i32"}, {}), kernel({"x": "*bf16", "n": "i32"}, {(1,): 4})]
+    tc.warm_launchers(ks)
+    assert len(built) == 3
