@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import hashlib
 import inspect
 import json
 import math
@@ -104,6 +105,17 @@ def package_version(dist: str) -> str | None:
         return None
 
 
+SOURCE_GLOBS = ("dplr_gen/**/*.py", "dplr_gen/data/*", "templates/*", "specs/*.yaml", "generated/*/index.json")
+
+
+def source_digest() -> str:
+    """sha256 (16 hex) of the files that decide the kernels and how they run, independent of git."""
+    h = hashlib.sha256()
+    for f in sorted({f for g in SOURCE_GLOBS for f in REPO.glob(g) if f.is_file()}):
+        h.update(f.relative_to(REPO).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def machine_info(device: str = "cuda") -> dict[str, Any]:
     """GPU, driver and library versions (the parent calls this: it initialises CUDA but runs no kernel)."""
     import torch
@@ -115,7 +127,10 @@ def machine_info(device: str = "cuda") -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "fla_core": package_version("fla-core"),
-        "dplr_gen_commit": _cmd("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"),
+        # the GPU machine's copy of the tree may carry a stale .git: the caller can name the commit, and the
+        # digest of the sources says which tree ran either way (`python -m benchmarks.common` prints it here)
+        "dplr_gen_commit": os.environ.get("DPLR_GEN_COMMIT") or _cmd("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"),
+        "dplr_gen_source_sha": source_digest(),
         "device": device,
     }
     if device == "cuda" and torch.cuda.is_available():
@@ -793,3 +808,7 @@ class Report:
                 write_json(LAST_DIR / f"{self.script}_last.json", self.data)
             except OSError:
                 pass
+
+
+if __name__ == "__main__":
+    print(source_digest())

@@ -478,3 +478,16 @@ def test_step_closures_time_the_op_and_every_input_gradient() -> None:
     want = torch.autograd.grad(op(xl), [xl[n] for n in names], (do, dht))
     assert all(torch.allclose(g, w) for g, w in zip(grads, want))
     assert all(xl[n].grad is None for n in names)
+
+
+def test_source_digest_names_the_tree_not_git(tmp_path, monkeypatch) -> None:
+    for rel in ("dplr_gen/a.py", "templates/t.jinja", "specs/s.yaml", "generated/s/index.json", "README.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    monkeypatch.setattr(C, "REPO", tmp_path)
+    first = C.source_digest()
+    assert len(first) == 16 and first == C.source_digest()
+    (tmp_path / "README.md").write_text("docs only")
+    assert C.source_digest() == first  # docs do not change what ran
+    (tmp_path / "templates/t.jinja").write_text("changed")
+    assert C.source_digest() != first
