@@ -504,12 +504,16 @@ def driver_modules_kept_in(root: Path, triton_version: str) -> Iterator[None]:
             return original(src, name, *args, **kwargs)
         file = f"{name}{suffix}"
         key = cache.cache_key(what="triton driver module", src=src, name=name, platform=platform_key(), ext=suffix)
-        stored = cache.read_entry(key, triton_version, root) is not None
-        if stored:
+        entry = cache.entry_dir(key, triton_version, root)
+        meta = cache.read_entry(key, triton_version, root)
+        stored = False
+        if meta is not None:
             try:
-                data = (cache.entry_dir(key, triton_version, root) / file).read_bytes()
+                data = (entry / file).read_bytes()
+                # a damaged copy is not offered to Triton; it is replaced below by the one Triton builds
+                stored = hashlib.sha256(data).hexdigest() == meta.get("sha256")
                 manager = get_cache_manager(hashlib.sha256((src + platform_key()).encode()).hexdigest())
-                if manager.get_file(file) is None:
+                if stored and manager.get_file(file) is None:
                     manager.put(data, file, binary=True)
             except OSError:
                 pass
@@ -518,8 +522,11 @@ def driver_modules_kept_in(root: Path, triton_version: str) -> Iterator[None]:
             try:
                 data = Path(module.__file__).read_bytes()
                 with cache.locked(key, triton_version, root):
-                    cache.write_entry(key, triton_version, {file: data},
-                                      {"kind": "triton driver module", "name": name, "file": file}, root)
+                    if meta is not None:
+                        shutil.rmtree(entry, ignore_errors=True)
+                    cache.write_entry(key, triton_version, {file: data}, {
+                        "kind": "triton driver module", "name": name, "file": file,
+                        "sha256": hashlib.sha256(data).hexdigest()}, root)
             except (OSError, TypeError):
                 pass
         return module

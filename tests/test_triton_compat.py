@@ -374,6 +374,21 @@ def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compil
         assert len(compiles) == 3
     assert len(list(root.rglob(cache.META))) == 2
 
+    # a damaged kept copy is never handed to Triton: it is compiled again and the copy replaced
+    kept = sorted(root.rglob("__triton_launcher*.so"))
+    assert len(kept) == 2
+    for so in kept:
+        so.write_bytes(b"truncated")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-3"))
+    with tc.driver_modules_kept_in(root, version):
+        healed = nv.compile_module_from_src(src=launcher, name="__triton_launcher")
+    assert len(compiles) == 4 and healed.__name__ == "__triton_launcher"
+    assert Path(healed.__file__).read_bytes() in {so.read_bytes() for so in kept} - {b"truncated"}
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-4"))
+    with tc.driver_modules_kept_in(root, version):
+        nv.compile_module_from_src(src=launcher, name="__triton_launcher")
+    assert len(compiles) == 4
+
 
 def test_warm_launchers_builds_one_stub_per_signature(monkeypatch) -> None:
     from types import SimpleNamespace
