@@ -539,6 +539,19 @@ def driver_modules_kept_in(root: Path, triton_version: str) -> Iterator[None]:
             nv.compile_module_from_src = original
 
 
+def kept_driver_modules(root: Path, triton_version: str) -> int:
+    """How many C modules of Triton's driver (see :func:`driver_modules_kept_in`) dplr-gen's cache holds."""
+    from . import cache
+
+    n = 0
+    for meta in (Path(root) / f"triton-{triton_version}").glob(f"*/*/{cache.META}"):
+        try:
+            n += json.loads(meta.read_text()).get("kind") == "triton driver module"
+        except (OSError, json.JSONDecodeError):
+            pass
+    return n
+
+
 def _launcher_identity(k: LoadedKernel) -> Any:
     """What a kernel's launch stub is generated from (its argument types and constants): kernels alike in
     these share one stub, so it is built once."""

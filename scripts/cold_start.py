@@ -111,9 +111,11 @@ def run_child(package: str, shape: str, cache_dir: str, pycache: str | None, bac
 
 def kept_stubs(package: str) -> int:
     """How many C modules of Triton's driver dplr-gen's cache holds for the package's Triton release."""
+    sys.path.insert(0, str(REPO))
+    from dplr_gen.triton_compat import kept_driver_modules
+
     manifest = json.loads((Path(package) / "manifest.json").read_text())
-    root = Path(manifest["cache_root"]) / f"triton-{manifest['triton_version']}"
-    return sum("triton driver module" in m.read_text() for m in root.glob("*/*/meta.json"))
+    return kept_driver_modules(Path(manifest["cache_root"]), manifest["triton_version"])
 
 
 def main() -> int:

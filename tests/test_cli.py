@@ -66,4 +66,4 @@ def test_show_and_doctor() -> None:
     res = runner.invoke(app, ["show", "no_such_variant"])
     assert res.exit_code == 2 and "no variant named" in res.output
     res = runner.invoke(app, ["doctor"])
-    assert res.exit_code == 0 and "triton" in res.output and "cache" in res.output
+    assert res.exit_code == 0 and "triton" in res.output and "cache" in res.output and "launch stubs" in res.output

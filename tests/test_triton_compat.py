@@ -361,6 +361,9 @@ def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compil
     assert len(compiles) == 2
     kept = [p for p in root.rglob(cache.META)]
     assert len(kept) == 1 and "__triton_launcher" in kept[0].read_text()  # only the driver's own module
+    with cache.locked("f" * 64, version, root):  # a kernel's entry beside it is not counted
+        cache.write_entry("f" * 64, version, {"x.cubin": b""}, {"kernel": "x"}, root)
+    assert tc.kept_driver_modules(root, version) == 1 and tc.kept_driver_modules(root, "3.5.0") == 0
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-2"))  # a fresh node: empty Triton cache
     with tc.driver_modules_kept_in(root, version):
@@ -372,7 +375,7 @@ def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compil
         nv.compile_module_from_src(src=_TINY_EXT % ("__triton_launcher", "__triton_launcher", "signature B"),
                                    name="__triton_launcher")
         assert len(compiles) == 3
-    assert len(list(root.rglob(cache.META))) == 2
+    assert tc.kept_driver_modules(root, version) == 2
 
     # a damaged kept copy is never handed to Triton: it is compiled again and the copy replaced
     kept = sorted(root.rglob("__triton_launcher*.so"))
