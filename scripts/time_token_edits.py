@@ -112,9 +112,14 @@ def main() -> None:
         def run() -> None:
             fn[grid](*xs, **kconsts, **launch)
 
-        run()
-        torch.cuda.synchronize()
-        ms = triton.testing.do_bench(run, warmup=25, rep=200)
+        try:
+            run()
+            torch.cuda.synchronize()
+            ms = triton.testing.do_bench(run, warmup=25, rep=200)
+        except Exception as ex:  # noqa: BLE001 - one failing form (e.g. it does not compile) must not end the sweep
+            rows.append({"edit": name, "ms": None, "error": f"{type(ex).__name__}: {str(ex)[-300:]}"})
+            print(f"{args.shape} {name:>24}: FAILED {type(ex).__name__}: {str(ex)[-200:]}", flush=True)
+            continue
         regs = spills = None
         try:  # Triton's JIT cache is internal: registers and spills are a bonus, not the measurement
             k = next(iter(fn.device_caches[torch.cuda.current_device()][0].values()))
