@@ -260,8 +260,8 @@ class SpecPackage:
         if manifest is None:
             raise NotBuiltError(f"{self.dir} has no manifest.json: run `dplr-gen build {self.spec_file}` first")
         kernels: list[Any] = []
-        for name, entry in self.index["variants"].items():
-            for target, t in entry["targets"].items():
+        for entry in self.index["variants"].values():
+            for t in entry["targets"].values():
                 if t["unit"] not in manifest["units"]:
                     continue
                 module = import_source(self.dir / t["source"], f"dplr_gen_kernels.{self.name}.{t['unit']}")
