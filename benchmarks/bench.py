@@ -38,10 +38,13 @@ from benchmarks import common as C  # noqa: E402
 SCRIPT = Path(__file__).resolve()
 VARLEN = C.Shape(1, 32768, 32, 64, C.mixed_lengths(16, 32768, seed=0), name="varlen16x32768x32x64")
 DENSE_EQUIV = C.Shape(1, 32768, 32, 64)  # the varlen case's tokens as one dense sequence
+DENSE_BATCH = C.Shape(16, 2048, 32, 64)  # ... and as 16 dense sequences of their mean length (as much parallelism)
+# the varlen case against each dense twin, same system: key of the ratio in the speed rows -> twin
+DENSE_TWINS = {"dense_equiv": DENSE_EQUIV, "dense_batch": DENSE_BATCH}
 SHAPES: dict[str, C.Shape] = {
     s.label: s for s in (
         C.Shape(4, 4096, 32, 64), C.Shape(8, 4096, 64, 64), C.Shape(8, 2048, 16, 128), C.Shape(1, 4096, 2, 128),
-        VARLEN, DENSE_EQUIV,
+        VARLEN, DENSE_EQUIV, DENSE_BATCH,
     )
 }
 PRESETS = {**SHAPES, "varlen": VARLEN}
@@ -176,12 +179,13 @@ def summarise(results: dict[str, dict[str, Any]], shapes: list[C.Shape], systems
                 ok = isinstance(row[k], (int, float)) and isinstance(bv, (int, float))
                 row[f"vs_fla_best_{f}"] = row[k] / bv if ok else None
             speed.append(row)
-    dense_equiv = {r["system"]: r for r in speed if r["shape"] == DENSE_EQUIV.label}
-    for r in speed:  # varlen vs the same tokens as one dense sequence, same system
-        d = dense_equiv.get(r["system"], {}) if r["shape"] == VARLEN.label else {}
-        for f in ("fwd", "fwd_bwd"):
-            a, b = r.get(f"{f}_ms"), d.get(f"{f}_ms")
-            r[f"vs_dense_equiv_{f}"] = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+    for key, twin in DENSE_TWINS.items():  # varlen vs the same tokens as dense sequences, same system
+        dense = {r["system"]: r for r in speed if r["shape"] == twin.label}
+        for r in speed:
+            d = dense.get(r["system"], {}) if r["shape"] == VARLEN.label else {}
+            for f in ("fwd", "fwd_bwd"):
+                a, b = r.get(f"{f}_ms"), d.get(f"{f}_ms")
+                r[f"vs_{key}_{f}"] = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
     cold = []
     for key, r in results.items():
         if key.startswith("cold:"):
@@ -205,9 +209,10 @@ def tables(speed: list[dict[str, Any]], cold: list[dict[str, Any]], acc: dict[st
         ["system", *C.QUANTITIES, "error"],
         [[s, *[a.get("errors", {}).get(q) for q in C.QUANTITIES], (a.get("error") or "")[:60]] for s, a in acc.items()],
         title="accuracy vs float64 (relative norm error)"))
-    ve = [f"{r['system']} {r['vs_dense_equiv_fwd_bwd']:.2f}" for r in speed if r.get("vs_dense_equiv_fwd_bwd")]
-    if ve:
-        out.append(f"varlen ({VARLEN.N} sequences) / the same tokens as one dense sequence, fwd+bwd: " + ", ".join(ve))
+    for key, what in (("dense_equiv", "one dense sequence"), ("dense_batch", f"{DENSE_BATCH.B} dense sequences")):
+        ve = [f"{r['system']} {r[f'vs_{key}_fwd_bwd']:.2f}" for r in speed if r.get(f"vs_{key}_fwd_bwd")]
+        if ve:
+            out.append(f"varlen ({VARLEN.N} sequences) / the same tokens as {what}, fwd+bwd: " + ", ".join(ve))
     if cold:
         out.append(C.format_table(
             ["system", "shape", "wall s", "import+load s", "inputs s", "1st fwd s", "1st bwd s", "1st fwd+bwd s",
@@ -381,6 +386,7 @@ DEFINITIONS = {
              "r,w,k,v,a,b,h0,do,dht and writes the 7 gradients once",
     "vs_fla_best": "measured / fla-best measured in the same run (a result with resumed_from came from an earlier run)",
     "vs_dense_equiv": "varlen case / the same 32768 tokens as one dense sequence, same system",
+    "vs_dense_batch": "varlen case / the same 32768 tokens as 16 dense sequences of 2048 (its mean length), same system",
     "accuracy": "relative norm error ||x - ref|| / ||ref|| vs the float64 step-by-step reference, B=1 T=512 H=2 D=64",
     "cold_start": "wall clock of a fresh process (import, inputs, first fwd+bwd, exit) with an empty TRITON_CACHE_DIR; "
                   "dplr-gen with DPLR_GEN_NO_JIT=1; in it, first_fwd_s and first_bwd_s: the first forward and the "

@@ -247,7 +247,7 @@ def test_run_jobs_restarts_after_a_crash_and_stops_at_the_deadline(tmp_path: Pat
 
 
 def test_bench_summary_ratios_floors_and_tables() -> None:
-    shapes = [C.Shape(4, 4096, 32, 64), bench.VARLEN, bench.DENSE_EQUIV]
+    shapes = [C.Shape(4, 4096, 32, 64), bench.VARLEN, bench.DENSE_EQUIV, bench.DENSE_BATCH]
     systems = ["dplr-fast", "fla-best", "fla-default"]
     res = {
         "speed:dplr-fast:4x4096x32x64": {"fwd_ms": 1.0, "fwd_bwd_ms": 3.0, "peak_bytes": 2e9, "first_fwd_bwd_s": 0.5},
@@ -255,11 +255,12 @@ def test_bench_summary_ratios_floors_and_tables() -> None:
         "speed:fla-default:4x4096x32x64": {"error": "boom"},
         f"speed:dplr-fast:{bench.VARLEN.label}": {"fwd_ms": 1.0, "fwd_bwd_ms": 2.0},
         "speed:dplr-fast:1x32768x32x64": {"fwd_ms": 0.5, "fwd_bwd_ms": 2.5},
+        "speed:dplr-fast:16x2048x32x64": {"fwd_ms": 1.0, "fwd_bwd_ms": 1.6},
         "acc:dplr-fast": {"errors": {"o": 1e-3}},
         "cold:dplr-fast:4x4096x32x64": {"wall_s": 3.0, "first_fwd_bwd_s": 0.4},
     }
     speed, cold, acc = bench.summarise(res, shapes, systems)
-    assert len(speed) == 9
+    assert len(speed) == 12
     row = {(r["shape"], r["system"]): r for r in speed}
     d = row[("4x4096x32x64", "dplr-fast")]
     assert d["vs_fla_best_fwd"] == 0.5 and d["vs_fla_best_fwd_bwd"] == 0.5
@@ -271,12 +272,15 @@ def test_bench_summary_ratios_floors_and_tables() -> None:
     assert row[(bench.VARLEN.label, "dplr-fast")]["vs_dense_equiv_fwd"] == 2.0
     assert row[(bench.VARLEN.label, "dplr-fast")]["vs_dense_equiv_fwd_bwd"] == 0.8
     assert row[("4x4096x32x64", "dplr-fast")]["vs_dense_equiv_fwd"] is None
+    assert row[(bench.VARLEN.label, "dplr-fast")]["vs_dense_batch_fwd"] == 1.0
+    assert row[(bench.VARLEN.label, "dplr-fast")]["vs_dense_batch_fwd_bwd"] == 1.25
     assert cold == [{"system": "dplr-fast", "shape": "4x4096x32x64", "wall_s": 3.0, "load_s": None,
                      "inputs_s": None, "first_fwd_s": None, "first_bwd_s": None, "first_fwd_bwd_s": 0.4,
                      "sympy_imported": None, "finite": None, "error": None}]
     assert acc["dplr-fast"]["errors"]["o"] == 1e-3 and acc["fla-best"]["error"] == "not run"
     text = bench.tables(speed, cold, acc)
     assert "boom" in text and "cold start" in text and "0.5" in text and "dense sequence, fwd+bwd: dplr-fast 0.80" in text
+    assert "16 dense sequences, fwd+bwd: dplr-fast 1.25" in text
     assert bench.input_group("speed:fla-best:4x4096x32x64") == "speed:4x4096x32x64"
     assert bench.input_group("acc:fla-best") == "acc" and bench.input_group("cold:x:y") is None
     same = C.same_inputs({"speed:a:s": {"checksums": {"r": 1.0}}, "speed:b:s": {"checksums": {"r": 1.0}},
