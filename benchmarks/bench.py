@@ -96,15 +96,14 @@ class Worker:
         xl = C.leaves(x)
         C.sync(self.device)
         t2 = time.perf_counter()
-        split: dict[str, Any] = {}
         if loss_backward:
             got, t_fwd = C.fwd_loss_backward(op, xl, do, dht, cu, cu_cpu, sync=lambda: C.sync(self.device))
         else:
-            got = C.fwd_bwd(op, xl, do, dht, cu, cu_cpu)
+            got, t_fwd = C.fwd_bwd(op, xl, do, dht, cu, cu_cpu), None
         C.sync(self.device)
         t3 = time.perf_counter()
-        if loss_backward:
-            split = {"first_fwd_s": t_fwd, "first_bwd_s": t3 - t2 - t_fwd, "sympy_imported": "sympy" in sys.modules}
+        split = {} if t_fwd is None else {
+            "first_fwd_s": t_fwd, "first_bwd_s": t3 - t2 - t_fwd, "sympy_imported": "sympy" in sys.modules}
         return {"op": op, "info": info, "x": xl, "do": do, "dht": dht, "cu": cu, "cu_cpu": cu_cpu, "got": got,
                 "load_s": t1 - t0, "inputs_s": t2 - t1, "first_fwd_bwd_s": t3 - t2, **split}
 
@@ -209,7 +208,8 @@ def tables(speed: list[dict[str, Any]], cold: list[dict[str, Any]], acc: dict[st
         ["system", *C.QUANTITIES, "error"],
         [[s, *[a.get("errors", {}).get(q) for q in C.QUANTITIES], (a.get("error") or "")[:60]] for s, a in acc.items()],
         title="accuracy vs float64 (relative norm error)"))
-    for key, what in (("dense_equiv", "one dense sequence"), ("dense_batch", f"{DENSE_BATCH.B} dense sequences")):
+    for key, twin in DENSE_TWINS.items():
+        what = "one dense sequence" if twin.B == 1 else f"{twin.B} dense sequences"
         ve = [f"{r['system']} {r[f'vs_{key}_fwd_bwd']:.2f}" for r in speed if r.get(f"vs_{key}_fwd_bwd")]
         if ve:
             out.append(f"varlen ({VARLEN.N} sequences) / the same tokens as {what}, fwd+bwd: " + ", ".join(ve))

@@ -433,8 +433,6 @@ def fwd_loss_backward(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any 
     <o, do> + <ht, dht>, gradients read from ``.grad``. (``torch.autograd.grad`` with grad_outputs makes torch
     import sympy for its shape check on the first call: seconds that belong to neither kernel library.)
     Returns the results and the forward's seconds (``sync`` is called before reading the clock)."""
-    import time
-
     t0 = time.perf_counter()
     o, ht = op(xl, cu, cu_cpu)
     sync()

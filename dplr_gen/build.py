@@ -177,42 +177,46 @@ def build(
     # one build of a spec at a time; a second waits, then finds the work done
     with FileLock(str(p.out_dir / ".lock")):
         report.written = write_package(p)
-        if not force and manifest_is_current(p, read_manifest(p.out_dir), root):
-            report.up_to_date = True
-            if stubs:
-                report.stubs = build_launch_stubs(p.out_dir)
-            report.seconds = time.perf_counter() - t0
-            return report
-        tv = str(p.triton_version)
-        job_list = [
-            CompileJob(
-                unit=u.name, source=str(p.out_dir / p.unit_files[u.name]),
-                source_hash=source_hash(p.files[p.unit_files[u.name]]), target=u.target, cc=u.arch.cc,
-                smem_limit=u.arch.smem_per_block, check_mma=u.arch.mma != "v2", triton_version=tv,
-                cache_root=str(root),
-            )
-            for u in p.units
-        ]
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {pool.submit(run_in_subprocess, j): j for j in job_list}
-            for n, fut in enumerate(as_completed(futures), 1):
-                outcome = fut.result()
-                report.outcomes.append(outcome)
-                if on_progress:
-                    on_progress(outcome.unit, n, len(job_list))
-        report.outcomes.sort(key=lambda o: o.unit)
-        manifest = {
-            "spec": p.spec.name, "index_sha": p.index_sha, "triton_version": tv,
-            "generator_version": GENERATOR_VERSION, "cache_root": str(root),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "units": {o.unit: {"target": o.target, "kernels": o.kernels} for o in report.outcomes if o.ok},
-            "failures": [{"unit": o.unit, "target": o.target, "error": o.error} for o in report.failures],
-        }
-        cache.atomic_write_text(p.out_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        report.up_to_date = not force and manifest_is_current(p, read_manifest(p.out_dir), root)
+        if not report.up_to_date:
+            _compile_and_record(p, root, jobs, report, on_progress)
     if stubs:
         report.stubs = build_launch_stubs(p.out_dir)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _compile_and_record(
+    p: Plan, root: Path, jobs: int, report: BuildReport, on_progress: Callable[[str, int, int], None] | None
+) -> None:
+    """Compile every unit (in subprocesses, ``jobs`` at once) into the cache, then write the manifest last.
+    Call under the package's lock."""
+    tv = str(p.triton_version)
+    job_list = [
+        CompileJob(
+            unit=u.name, source=str(p.out_dir / p.unit_files[u.name]),
+            source_hash=source_hash(p.files[p.unit_files[u.name]]), target=u.target, cc=u.arch.cc,
+            smem_limit=u.arch.smem_per_block, check_mma=u.arch.mma != "v2", triton_version=tv,
+            cache_root=str(root),
+        )
+        for u in p.units
+    ]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(run_in_subprocess, j): j for j in job_list}
+        for n, fut in enumerate(as_completed(futures), 1):
+            outcome = fut.result()
+            report.outcomes.append(outcome)
+            if on_progress:
+                on_progress(outcome.unit, n, len(job_list))
+    report.outcomes.sort(key=lambda o: o.unit)
+    manifest = {
+        "spec": p.spec.name, "index_sha": p.index_sha, "triton_version": tv,
+        "generator_version": GENERATOR_VERSION, "cache_root": str(root),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "units": {o.unit: {"target": o.target, "kernels": o.kernels} for o in report.outcomes if o.ok},
+        "failures": [{"unit": o.unit, "target": o.target, "error": o.error} for o in report.failures],
+    }
+    cache.atomic_write_text(p.out_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
 def _cuda_usable() -> bool:

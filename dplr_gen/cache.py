@@ -48,6 +48,15 @@ def read_entry(key: str, triton_version: str, root: Path | None = None) -> dict[
         return None
 
 
+def entries(triton_version: str, root: Path | None = None) -> Iterator[dict[str, Any]]:
+    """The metadata of every complete entry stored for ``triton_version`` (unreadable ones skipped)."""
+    for meta in ((root or cache_root()) / f"triton-{triton_version}").glob(f"*/*/{META}"):
+        try:
+            yield json.loads(meta.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+
+
 @contextmanager
 def locked(key: str, triton_version: str, root: Path | None = None) -> Iterator[None]:
     d = entry_dir(key, triton_version, root)

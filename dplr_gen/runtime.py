@@ -184,7 +184,7 @@ class SpecPackage:
 
     def _load(self, variant: str, target: str) -> KernelSet:
         entry = self.index["variants"][variant]["targets"][target]
-        module = import_source(self.dir / entry["source"], f"dplr_gen_kernels.{self.name}.{entry['unit']}")
+        module = self._import_unit(entry)
         from . import triton_compat
 
         if interpreting():
@@ -199,9 +199,10 @@ class SpecPackage:
             _refuse_unavoided_miscompiles(entry, target, self.index["variants"][variant]["params"])
         if entry["flags"].get("needs_allocator"):
             _set_torch_allocator()
-        aot, why = self._load_aot(module, entry["unit"])
+        manifest = self.manifest()
+        aot, why = self._load_aot(module, entry["unit"], manifest)
         if aot is not None:
-            triton_compat.warm_launchers(aot.values(), keep_in=self._stub_store())
+            triton_compat.warm_launchers(aot.values(), keep_in=self._stub_store(manifest))
             return KernelSet(module, aot)
         if os.environ.get(NO_JIT_ENV, "0") not in ("", "0"):
             raise NotBuiltError(
@@ -216,10 +217,16 @@ class SpecPackage:
         )
         return KernelSet(module, None)
 
-    def _load_aot(self, module: Any, unit: str) -> tuple[dict[str, Any] | None, str]:
+    def _import_unit(self, target_entry: dict[str, Any]) -> Any:
+        """The rendered module of one (variant, target) entry of the index."""
+        unit = target_entry["unit"]
+        return import_source(self.dir / target_entry["source"], f"dplr_gen_kernels.{self.name}.{unit}")
+
+    def _load_aot(self, module: Any, unit: str, manifest: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+        """The unit's kernels from the cache entries ``manifest`` (this package's, as read by the caller) names,
+        or None and why not."""
         from . import triton_compat
 
-        manifest = self.manifest()
         if manifest is None:
             return None, "the package has not been built on this machine (no manifest.json)"
         installed = str(triton_compat.triton_version())
@@ -243,9 +250,8 @@ class SpecPackage:
     def _cache_root(self, manifest: dict[str, Any]) -> Path:
         return Path(manifest.get("cache_root") or cache.cache_root())
 
-    def _stub_store(self) -> tuple[Path, str] | None:
+    def _stub_store(self, manifest: dict[str, Any] | None) -> tuple[Path, str] | None:
         """Where launch stubs are kept beside this package's kernels (see triton_compat.driver_modules_kept_in)."""
-        manifest = self.manifest()
         if manifest is None or os.environ.get(KEEP_STUBS_ENV, "1") in ("", "0"):
             return None
         return self._cache_root(manifest), manifest["triton_version"]
@@ -264,10 +270,9 @@ class SpecPackage:
             for t in entry["targets"].values():
                 if t["unit"] not in manifest["units"]:
                     continue
-                module = import_source(self.dir / t["source"], f"dplr_gen_kernels.{self.name}.{t['unit']}")
-                aot, _ = self._load_aot(module, t["unit"])
+                aot, _ = self._load_aot(self._import_unit(t), t["unit"], manifest)
                 kernels.extend((aot or {}).values())
-        triton_compat.warm_launchers(kernels, keep_in=self._stub_store())
+        triton_compat.warm_launchers(kernels, keep_in=self._stub_store(manifest))
         return len(kernels)
 
     def __getattr__(self, name: str) -> Any:

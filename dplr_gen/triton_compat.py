@@ -469,6 +469,7 @@ class LoadedKernel:
 
 # Triton's CUDA driver compiles these C modules with the system C compiler; they hold no kernel code.
 _DRIVER_MODULES = ("__triton_launcher", "cuda_utils")
+_DRIVER_MODULE_KIND = "triton driver module"  # what their entries in dplr-gen's cache say they are
 _DRIVER_BUILDS = threading.Lock()
 
 
@@ -503,7 +504,7 @@ def driver_modules_kept_in(root: Path, triton_version: str) -> Iterator[None]:
         if name not in _DRIVER_MODULES:
             return original(src, name, *args, **kwargs)
         file = f"{name}{suffix}"
-        key = cache.cache_key(what="triton driver module", src=src, name=name, platform=platform_key(), ext=suffix)
+        key = cache.cache_key(what=_DRIVER_MODULE_KIND, src=src, name=name, platform=platform_key(), ext=suffix)
         entry = cache.entry_dir(key, triton_version, root)
         meta = cache.read_entry(key, triton_version, root)
         stored = False
@@ -525,7 +526,7 @@ def driver_modules_kept_in(root: Path, triton_version: str) -> Iterator[None]:
                     if meta is not None:
                         shutil.rmtree(entry, ignore_errors=True)
                     cache.write_entry(key, triton_version, {file: data}, {
-                        "kind": "triton driver module", "name": name, "file": file,
+                        "kind": _DRIVER_MODULE_KIND, "name": name, "file": file,
                         "sha256": hashlib.sha256(data).hexdigest()}, root)
             except (OSError, TypeError):
                 pass
@@ -543,13 +544,7 @@ def kept_driver_modules(root: Path, triton_version: str) -> int:
     """How many C modules of Triton's driver (see :func:`driver_modules_kept_in`) dplr-gen's cache holds."""
     from . import cache
 
-    n = 0
-    for meta in (Path(root) / f"triton-{triton_version}").glob(f"*/*/{cache.META}"):
-        try:
-            n += json.loads(meta.read_text()).get("kind") == "triton driver module"
-        except (OSError, json.JSONDecodeError):
-            pass
-    return n
+    return sum(meta.get("kind") == _DRIVER_MODULE_KIND for meta in cache.entries(triton_version, Path(root)))
 
 
 def _launcher_identity(k: LoadedKernel) -> Any:

@@ -76,7 +76,7 @@ def test_package_rendered_for_another_triton_consults_the_registry(monkeypatch) 
     calls: list[str] = []
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(runtime, "_refuse_unavoided_miscompiles", lambda entry, *a: calls.append(entry["unit"]))
-    monkeypatch.setattr(pkg, "_load_aot", lambda module, unit: ({"k": object()}, ""))
+    monkeypatch.setattr(pkg, "_load_aot", lambda module, unit, manifest: ({"k": object()}, ""))
     monkeypatch.setattr(triton_compat, "warm_launchers", lambda ks, **kw: None)
     monkeypatch.setattr(triton_compat, "triton_version", lambda: Version(pkg.index["triton_version"]))
     pkg._load(name, "sm_90")
