@@ -12,6 +12,10 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
           both gates) under $TMPDIR/dplr-gen-check-wide (a no-op when already built) and records compile times
           and shared memory; its failure is a FAIL row.
   prec    dplr-gen in fp32 (ieee dots) <= 1e-5 and fp16 <= 3e-3, everything, B=1, T=1024, H=2, D=64.
+  gates   dplr-generic (any gate) on RWKV-7 inputs whose gates also hold steep decays (16 tokens of -5 in every
+          256: those chunks take the exact form, the others the factored one), resets (gk = -inf in half the
+          channels every 256 tokens) and -3 over 40 tokens in a third of the channels: bf16 at D=64 and 128,
+          fp16 at D=64, B=2, T=2048, H=4; the bounds of the table (bf16) and of prec (fp16).
   report  the original failure report: B=1, T=4096, H=2, K=V=128, bf16, cu_seqlens=[0, T] (int32, cuda), zero
           initial state, keyword arguments, output_final_state=True. raw randn a/b (and r, k, v): must run to
           completion, fwd+bwd (finite or not is recorded, not judged); normalised a/b: the table's bounds.
@@ -62,6 +66,7 @@ class Case:
     seed: int
     lengths: tuple[int, ...] | None = None
     h0: str = "random"
+    gates: str = "rwkv7"  # or "mixed" (mixed_gates)
 
 
 CASES = {
@@ -71,6 +76,9 @@ CASES = {
     "fp16": Case(1, 1024, 2, 64, "float16", 14),
     "report": Case(1, 4096, 2, 128, "bfloat16", 15, (4096,), "zeros"),
     "D256": Case(1, 4096, 2, 256, "bfloat16", 16),
+    "mixed-D64": Case(2, 2048, 4, 64, "bfloat16", 17, gates="mixed"),
+    "mixed-D128": Case(2, 2048, 4, 128, "bfloat16", 18, gates="mixed"),
+    "mixed-fp16": Case(2, 2048, 4, 64, "float16", 19, gates="mixed"),
 }
 DRY_CASES = {
     "D64": Case(1, 64, 1, 64, "float32", 11),
@@ -79,7 +87,21 @@ DRY_CASES = {
     "fp16": Case(1, 32, 1, 64, "float16", 14),
     "report": Case(1, 64, 1, 128, "float32", 15, (64,), "zeros"),
     "D256": Case(1, 40, 1, 256, "float32", 16),
+    "mixed-D64": Case(1, 300, 1, 64, "float32", 17, gates="mixed"),
+    "mixed-D128": Case(1, 300, 1, 128, "float32", 18, gates="mixed"),
+    "mixed-fp16": Case(1, 300, 1, 64, "float16", 19, gates="mixed"),
 }
+MIXED = ("mixed-D64", "mixed-D128", "mixed-fp16")
+
+
+def mixed_gates(w: Any) -> None:
+    """Edit RWKV-7 gates w [B, T, H, K] in place: steep decays, resets and partly steep chunks (see "gates")."""
+    import torch
+
+    t = torch.arange(w.shape[1], device=w.device) % 256
+    w[:, (t >= 16) & (t < 32)] = -5.0
+    w[:, t == 100, :, ::2] = -math.inf
+    w[:, (t >= 150) & (t < 190), :, 1::3] = -3.0
 # Cases beyond the main package's head dims: each gets a package of its own, built for the GPU by "build:<case>"
 WIDE = ("D256",)
 WIDE_SPEC = """\
@@ -103,6 +125,7 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     """Jobs, grouped by worker process: dplr-gen, the two scale cases alone (a fault there must not poison
     the others' CUDA context), fla last (its first calls autotune for minutes)."""
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
+            + [f"gates:{c}:dplr-generic" for c in MIXED]
             + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile", "overlap", "graph"])
     wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
     groups = [dplr, wide, ["scale-decode"], ["scale-big"],
@@ -140,13 +163,16 @@ class Worker:
     def inputs(self, case: Case, raw: bool = False) -> dict[str, Any]:
         import torch
 
-        return C.rwkv7_case(case.B, case.T, case.H, case.D, dtype=getattr(torch, case.dtype), device=self.device,
-                            seed=case.seed + (1000 if raw else 0), raw=raw, h0=case.h0,
-                            n_states=None if case.lengths is None else len(case.lengths))
+        x = C.rwkv7_case(case.B, case.T, case.H, case.D, dtype=getattr(torch, case.dtype), device=self.device,
+                         seed=case.seed + (1000 if raw else 0), raw=raw, h0=case.h0,
+                         n_states=None if case.lengths is None else len(case.lengths))
+        if case.gates == "mixed":
+            mixed_gates(x["w"])
+        return x
 
     def run(self, job: str) -> dict[str, Any]:
         kind, *rest = job.split(":")
-        if kind in ("table", "prec", "report-norm", "report-raw"):
+        if kind in ("table", "prec", "gates", "report-norm", "report-raw"):
             return self.accuracy(self.cases[rest[0]], rest[0], rest[1], raw=kind == "report-raw")
         if kind == "build":
             return self.build_wide(rest[0])
@@ -380,6 +406,8 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
     for c in ("fp32", "fp16"):
         for s in DPLR:
             acc_row("prec", c, s, False)
+    for c in MIXED:
+        acc_row("gates", c, "dplr-generic", False)
     for s in (*DPLR, FLA):
         acc_row("report-norm", "report", s, True)
     for s in DPLR:

@@ -4,13 +4,15 @@
     python scripts/time_token_edits.py generated/hopper/<unit>/sm_90.py --shape 4x4096x32 [--edits FILE.json]
                                        [--kernel bwd|prep|prep_bwd]
 
-An edit is a launch-option override ({"launch": {"maxnreg": 168}}), a constexpr override ({"consts": {"BV": 64}})
-and/or text replacements in the unit's source
-({"replace": [[old, new], ...]}): ablations (a part of the kernel removed, to see what it costs) and candidates
+An edit is a launch-option override ({"launch": {"maxnreg": 168}}), a constexpr override ({"consts": {"BV": 64}}),
+a grid G times smaller ({"grid_div": G}: a form whose programs each take G items) and/or text replacements in
+the unit's source ({"replace": [[old, new], ...]}): ablations (a part of the kernel removed, to see what it costs) and candidates
 alike. Each form is JIT-compiled from its own copy of the source and timed with triton.testing.do_bench on the
 same random bf16 inputs (never zeros); the medians, registers and spills Triton reports go to stdout and to
 $OUT/token_edits_<shape>.json (<kernel>_edits_<shape>.json for another kernel). Ablated forms compute wrong
-gradients: their times say where the time goes, nothing more.
+gradients: their times say where the time goes, nothing more. Each form's outputs are poisoned (NaN) before its
+first run and then compared with the shipped form's (`max_abs_diff_vs_shipped`; NaN where an element was not
+written): a candidate must match the shipped form, an ablation need not.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ KERNELS = {"bwd": "chunk_dplr_bwd_kernel", "prep": "chunk_dplr_prep_kernel", "pr
 
 DTYPES = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}
 # what the preps write per chunk slot (their signatures' names): at most a [C, K] tile each ([C, C], [K, C], [K])
+# what each kernel writes (compared with the shipped form's)
+OUTPUTS = {"bwd": frozenset({"dq", "dk", "da", "db", "dg"}),
+           "prep": frozenset({"w", "m", "bwt", "kwt", "egc", "aqk", "aqb", "qw"}),
+           "prep_bwd": frozenset({"w", "m", "bwt", "kwt", "egc", "y", "p", "qwt", "awt", "aqkt", "aakt"})}
 PREP_OUTPUTS = frozenset({"w", "m", "bwt", "kwt", "egc", "aqk", "aqb", "qw", "y", "p", "qwt", "awt", "aqkt", "aakt"})
 
 
@@ -92,6 +98,8 @@ def main() -> None:
     if "cu_seqlens" in base.SIGNATURES[kernel]:
         raise SystemExit("dense units only")
     xs_by_tc: dict[int, list[Any]] = {}
+    ref: dict[str, torch.Tensor] = {}
+    ref_tc = consts["BC"]
     rows = []
     tmp = Path(tempfile.mkdtemp())
     for name, e in edits.items():
@@ -106,8 +114,11 @@ def main() -> None:
             xs_by_tc[tc] = inputs(base.SIGNATURES[kernel], B, T, H, K, tc)
         xs = xs_by_tc[tc]
         nkb = triton.cdiv(K, kconsts["BK"]) if args.kernel == "bwd" else 1  # token pass: a program per K block
-        grid = (B * triton.cdiv(T, tc) * H * nkb,)
+        grid = (triton.cdiv(B * triton.cdiv(T, tc) * H * nkb, e.get("grid_div", 1)),)
         fn = getattr(mod, kernel)
+        outs = {n: x for n, x in zip(base.SIGNATURES[kernel], xs) if n in OUTPUTS[args.kernel]}
+        for x in outs.values():
+            x.fill_(float("nan"))
 
         def run() -> None:
             fn[grid](*xs, **kconsts, **launch)
@@ -115,6 +126,11 @@ def main() -> None:
         try:
             run()
             torch.cuda.synchronize()
+            diff = None
+            if name == "shipped":
+                ref = {n: x.clone() for n, x in outs.items()}
+            elif tc == ref_tc:
+                diff = max(float((x.float() - ref[n].float()).abs().max()) for n, x in outs.items())
             ms = triton.testing.do_bench(run, warmup=25, rep=200)
         except Exception as ex:  # noqa: BLE001 - one failing form (e.g. it does not compile) must not end the sweep
             rows.append({"edit": name, "ms": None, "error": f"{type(ex).__name__}: {str(ex)[-300:]}"})
@@ -128,8 +144,8 @@ def main() -> None:
         except Exception:  # noqa: BLE001
             pass
         rows.append({"edit": name, "ms": round(ms, 4), "launch": launch, "constexprs": kconsts, "n_regs": regs,
-                     "n_spills": spills})
-        print(f"{args.shape} {name:>24}: {ms:.4f} ms  regs {regs} spills {spills}", flush=True)
+                     "n_spills": spills, "grid": grid[0], "max_abs_diff_vs_shipped": diff})
+        print(f"{args.shape} {name:>24}: {ms:.4f} ms  regs {regs} spills {spills}  diff {diff}", flush=True)
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     stem = "token" if args.kernel == "bwd" else args.kernel

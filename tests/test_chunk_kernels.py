@@ -31,6 +31,8 @@ from types import SimpleNamespace  # noqa: E402
 from dplr_gen.render import environment  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 from dplr_gen import chunk_driver  # noqa: E402
@@ -131,10 +133,10 @@ def load(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> DevKernelSet:
 
 
 def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=None, flags=None, seed=None,
-             keep_states=True, scale=None):
+             keep_states=True, scale=None, gates=None):
     """Forward + backward through the kernels vs float64 autograd of the reference; returns {name: rel err}.
     keep_states=False: the training path, whose backward recomputes the states from its own prep's W and M.
-    scale: the output scale (default K^-0.5)."""
+    scale: the output scale (default K^-0.5). gates: a function that edits gk [B, T, H, K] in place."""
     seed = random.randrange(2**31) if seed is None else seed
     shape = f"B={B} T={T}" if lens is None else f"lens={lens}"
     print(f"seed={seed} variant={v.name} {shape} H={H} extreme={extreme} flags={flags}")
@@ -154,6 +156,8 @@ def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=Non
         g[torch.rand_like(g) < 0.08] = 0.0
         g[:, ::7, :, : v.K // 2] = -math.inf
         g[:, 3::5, :, v.K // 3:] = 0.0
+    if gates is not None:
+        gates(d["gk"])
     dt, gdt = TORCH_DT[v.dtype], TORCH_DT[v.gate_dtype]
     x = {n: d[n].to(dt) for n in ("q", "k", "v", "a", "b")}
     x["gk"] = d["gk"].to(gdt)
@@ -248,7 +252,9 @@ def test_render_contract(dtype, varlen, gate_bound, chunk_size):
     assert mod.LAUNCH[chunk_driver.PREP] == {"num_warps": 4, "num_stages": 2}  # no "prep" knobs: the fwd ones
     assert mod.LAUNCH[chunk_driver.BWD_DH] == {"num_warps": 2, "num_stages": 1}
     factored = gate_bound is not None and chunk_size * -gate_bound / 2 <= 30
-    assert ("factored exponents" in src) == factored
+    assert ("bounded, factored exponents" in src) == factored
+    # any other gate mode chooses per chunk at run time between the factored and the exact form
+    assert ("def _chunk_A_exact" in src and "if _factorable(" in src) == (not factored)
 
 
 @pytest.mark.parametrize("K,V,bv,bv_bwd_99kb", [(32, 128, 64, 16), (64, 64, 64, 16), (100, 60, 32, 16),
@@ -523,6 +529,51 @@ def test_generic_gate_extremes(dtype, C):
     # gk = -inf (full reset) and gk = 0 (no decay) at many positions and channels
     v = make_variant(dtype, K=16, V=32, chunk_size=C, gate_bound=None)
     check(run_case(v, T=50, H=1, extreme=True), TOL[dtype])
+
+
+# any-gate variants take the factored form in each chunk whose exponents allow it and the exact one elsewhere
+# (_factorable in the template): chunks of mild decays, steep decays (16 tokens of -5: exponents up to 40 from
+# the middle row) and resets in one sequence
+def _mixed_gates(g):
+    g[:, 16:32] = -5.0
+    g[:, 40, :, ::2] = -math.inf
+    g[:, 70:90, :, 1::3] = -3.0
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_generic_gate_mixed_chunks(dtype):
+    v = make_variant(dtype, K=16, V=32, chunk_size=16, gate_bound=None)
+    check(run_case(v, T=100, H=2, gates=_mixed_gates), TOL[dtype])
+
+
+@triton.jit
+def _nan_chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+    z = tl.zeros([BC, BC], dtype=tl.float32) + float("nan")
+    return z, z, z, z
+
+
+@triton.jit
+def _nan_intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+    z = q * float("nan")
+    return z, z, z, z, z, z
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="replaces a device function of the interpreted module")
+@pytest.mark.parametrize("form, gates", [("exact", None), ("factored", lambda g: g.clamp_(max=-2.5))])
+def test_generic_gate_form_taken(monkeypatch, form, gates):
+    """Which form a chunk takes: with the other form's functions replaced by NaN producers the results stay
+    exact, so mild decays (RWKV-7's, >= -0.61) never ran the row-by-row form and steep ones (-2.5 on every
+    token: exponents up to 40 from the middle row at chunk 32, beyond FACTOR_LIMIT) never ran the factored one."""
+    v = make_variant("fp32", K=16, V=16, chunk_size=32, gate_bound=None)
+    m = load(v).m
+    monkeypatch.setattr(m, f"_chunk_A_{form}", _nan_chunk_A)
+    monkeypatch.setattr(m, f"_intra_bwd_{form}", _nan_intra_bwd)
+    # two whole chunks (a short last chunk of steep decays would be factorable)
+    check(run_case(v, T=64, H=1, gates=gates), TOL["fp32"])
+    # and the replacement does reach the kernels: the other gates produce NaN
+    other = (lambda g: g.clamp_(max=-2.5)) if gates is None else None
+    errs = run_case(v, T=64, H=1, gates=other)
+    assert any(not e <= TOL["fp32"] for e in errs.values()), errs
 
 
 def test_generic_gate_varlen():

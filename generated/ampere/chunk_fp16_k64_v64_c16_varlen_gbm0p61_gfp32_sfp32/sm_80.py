@@ -30,6 +30,9 @@ import triton.language as tl
 
 # input_precision of every dot with fp32 operands (the (I - A)^-1 products, fp32 variants)
 PREC = tl.constexpr("tf32")
+# any-gate variants: a chunk whose factored exponents all lie within +-FACTOR_LIMIT takes the factored form
+# (_factorable); bounded variants qualify by their bound, C * |bound| / 2 <= FACTOR_LIMIT, at render time
+FACTOR_LIMIT = tl.constexpr(30.0)
 # the backward's prep writes W last (see PREP_BWD_W_LAST in the template)
 PREP_BWD_W_LAST = tl.constexpr(False)
 
@@ -92,7 +95,8 @@ def _inv_unit_triangular(A, BC: tl.constexpr):
 @triton.jit
 def _factors(q, k, a, b, gam, gamp, BC: tl.constexpr):
     """Gate-factored operands Q~ = q e^(gamma - gamma_r), K~ = k e^(gamma_r - gamma), B~, A~ = a e^(gamma' - gamma_r),
-    the exponent re-centred at row r = BC/2 - 1: every |exponent| <= BC*|bound|/2."""
+    the exponent re-centred at row r = BC/2 - 1: every |exponent| <= BC*|bound|/2 (bounded variants), or checked
+    to be <= FACTOR_LIMIT for the chunk (_factorable, any-gate variants)."""
     o_c = tl.arange(0, BC)
     gr = tl.expand_dims(tl.sum(tl.where(o_c[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
     fq = tl.exp(gam - gr)
@@ -102,7 +106,7 @@ def _factors(q, k, a, b, gam, gamp, BC: tl.constexpr):
 
 
 @triton.jit
-def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+def _chunk_A_factored(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
     """A_qk = tril(Q~ K~^T), A_qb = tril(Q~ B~^T), A_ak = stril(A~ K~^T), A_ab = stril(A~ B~^T)."""
     o_c = tl.arange(0, BC)
     Qf, Kf, Bf, Af, fq, fk, fa = _factors(q, k, a, b, gam, gamp, BC)
@@ -123,7 +127,7 @@ def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
 
 
 @triton.jit
-def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+def _intra_bwd_factored(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
     """Gradients of q, k, a, b through the four A matrices (given their masked gradients)."""
     Qf, Kf, Bf, Af, fq, fk, fa = _factors(q, k, a, b, gam, gamp, BC)
     Qf = Qf.to(tl.float32)
@@ -144,6 +148,16 @@ def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexp
     xa = Af.to(tl.float32) * dAf
     x = Qf.to(tl.float32) * dQf - Kf.to(tl.float32) * dKf - Bf.to(tl.float32) * dBf + xa
     return dQf * fq, dKf * fk, dAf * fa, dBf * fk, x, xa
+
+
+@triton.jit
+def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+    return _chunk_A_factored(q, k, a, b, g, gam, gamp, BC)
+
+
+@triton.jit
+def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+    return _intra_bwd_factored(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC)
 
 
 @triton.jit

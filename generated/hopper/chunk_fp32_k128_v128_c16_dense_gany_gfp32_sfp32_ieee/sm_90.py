@@ -25,11 +25,14 @@ import triton.language as tl
 
 # variant: dtype=fp32 gate_dtype=fp32 K=128 V=128 chunk=16 varlen=False
 # token pass: chunks of 16 tokens (the state passes store every 1-th boundary state)
-# gate mode: exact segment sums (any gk <= 0 incl. -inf)
+# gate mode: any gk <= 0 incl. -inf: factored exponents in each chunk whose exponents allow it, exact segment sums elsewhere
 # dot operands: tl.float32 (chained), tl.float32 (gate-factored); fp32 dots use input_precision="ieee"
 
 # input_precision of every dot with fp32 operands (the (I - A)^-1 products, fp32 variants)
 PREC = tl.constexpr("ieee")
+# any-gate variants: a chunk whose factored exponents all lie within +-FACTOR_LIMIT takes the factored form
+# (_factorable); bounded variants qualify by their bound, C * |bound| / 2 <= FACTOR_LIMIT, at render time
+FACTOR_LIMIT = tl.constexpr(30.0)
 # the backward's prep writes W last (see PREP_BWD_W_LAST in the template)
 PREP_BWD_W_LAST = tl.constexpr(True)
 
@@ -88,7 +91,65 @@ def _inv_unit_triangular(A, BC: tl.constexpr):
 
 
 @triton.jit
-def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+def _factors(q, k, a, b, gam, gamp, BC: tl.constexpr):
+    """Gate-factored operands Q~ = q e^(gamma - gamma_r), K~ = k e^(gamma_r - gamma), B~, A~ = a e^(gamma' - gamma_r),
+    the exponent re-centred at row r = BC/2 - 1: every |exponent| <= BC*|bound|/2 (bounded variants), or checked
+    to be <= FACTOR_LIMIT for the chunk (_factorable, any-gate variants)."""
+    o_c = tl.arange(0, BC)
+    gr = tl.expand_dims(tl.sum(tl.where(o_c[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+    fq = tl.exp(gam - gr)
+    fk = tl.exp(gr - gam)
+    fa = tl.exp(gamp - gr)
+    return q * fq, k * fk, b * fk, a * fa, fq, fk, fa
+
+
+@triton.jit
+def _chunk_A_factored(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+    """A_qk = tril(Q~ K~^T), A_qb = tril(Q~ B~^T), A_ak = stril(A~ K~^T), A_ab = stril(A~ B~^T)."""
+    o_c = tl.arange(0, BC)
+    Qf, Kf, Bf, Af, fq, fk, fa = _factors(q, k, a, b, gam, gamp, BC)
+    # A_ab feeds the fp32 dots of (I - A_ab)^-1. Hopper/Blackwell: from fp32 operands, so that the whole inverse
+    # chain shares one MMA encoding (no mma -> mma layout conversion); Ampere: one encoding anyway, and the
+    # fp32 tiles would not fit 99 KB of shared memory in the backward
+    low = o_c[:, None] >= o_c[None, :]
+    slow = o_c[:, None] > o_c[None, :]
+    Aab = tl.where(slow, _dot(Af.to(tl.float32), tl.trans(Bf.to(tl.float32))), 0.)
+    Qf = Qf.to(tl.float32)
+    Kf = Kf.to(tl.float32)
+    Bf = Bf.to(tl.float32)
+    Af = Af.to(tl.float32)
+    Aqk = tl.where(low, _dot(Qf, tl.trans(Kf)), 0.)
+    Aqb = tl.where(low, _dot(Qf, tl.trans(Bf)), 0.)
+    Aak = tl.where(slow, _dot(Af, tl.trans(Kf)), 0.)
+    return Aqk, Aqb, Aak, Aab
+
+
+@triton.jit
+def _intra_bwd_factored(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+    """Gradients of q, k, a, b through the four A matrices (given their masked gradients)."""
+    Qf, Kf, Bf, Af, fq, fk, fa = _factors(q, k, a, b, gam, gamp, BC)
+    Qf = Qf.to(tl.float32)
+    Kf = Kf.to(tl.float32)
+    Bf = Bf.to(tl.float32)
+    Af = Af.to(tl.float32)
+    dAqk = dAqk.to(tl.float32)
+    dAqb = dAqb.to(tl.float32)
+    dAak = dAak.to(tl.float32)
+    dAab = dAab.to(tl.float32)
+    dQf = _dot2(dAqk, Kf, dAqb, Bf)
+    dAf = _dot2(dAak, Kf, dAab, Bf)
+    # dK~ and dB~ come out transposed ([BK, BC]) so that no transposed dot result feeds a dot
+    dKf = tl.trans(_dot2(tl.trans(Qf), dAqk, tl.trans(Af), dAak))
+    dBf = tl.trans(_dot2(tl.trans(Qf), dAqb, tl.trans(Af), dAab))
+    # the gate-gradient terms q*dq - k*dk - ... are formed from the very (rounded) operands the dots used, so the
+    # +T / -T pair of every A-matrix term cancels exactly in the reverse cumsum
+    xa = Af.to(tl.float32) * dAf
+    x = Qf.to(tl.float32) * dQf - Kf.to(tl.float32) * dKf - Bf.to(tl.float32) * dBf + xa
+    return dQf * fq, dKf * fk, dAf * fa, dBf * fk, x, xa
+
+
+@triton.jit
+def _chunk_A_exact(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
     """Exact A matrices, one row i at a time: Seg[j] = sum_{j < t <= i} g_t is grown by one gate per row
     (only sums of gates, so -inf stays -inf and never meets -inf in a difference); contraction on CUDA cores."""
     o_c = tl.arange(0, BC)
@@ -113,7 +174,7 @@ def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
 
 
 @triton.jit
-def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+def _intra_bwd_exact(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
     """Gradients of q, k, a, b through the four exact A matrices, row i at a time (same Seg recursion)."""
     o_c = tl.arange(0, BC)
     Seg = tl.zeros_like(k)
@@ -142,6 +203,38 @@ def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexp
         db += (cqb * qi) * E + (cab * ai) * Ep
     xa = a * da
     return dq, dk, da, db, q * dq - k * dk - b * db + xa, xa
+
+
+@triton.jit
+def _factorable(gam, gamp, BC: tl.constexpr):
+    """Whether this chunk's tile may take the factored form: every exponent of its factors, gamma - gamma_r and
+    gamma' - gamma_r, finite and within +-FACTOR_LIMIT (e^30 leaves fp32 and bf16 room for the products; a
+    comparison with NaN is false, so -inf and NaN gates take the exact form)."""
+    o_c = tl.arange(0, BC)
+    gr = tl.expand_dims(tl.sum(tl.where(o_c[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+    bad = tl.sum(tl.where(tl.abs(gam - gr) <= FACTOR_LIMIT, 0, 1))
+    bad += tl.sum(tl.where(tl.abs(gamp - gr) <= FACTOR_LIMIT, 0, 1))
+    return bad == 0
+
+
+@triton.jit
+def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+    # any gate: the factored form on the tensor cores wherever this chunk's decays allow it (RWKV-7's w never
+    # leaves it), the exact row-by-row form elsewhere (resets, steep decays)
+    if _factorable(gam, gamp, BC):
+        Aqk, Aqb, Aak, Aab = _chunk_A_factored(q, k, a, b, g, gam, gamp, BC)
+    else:
+        Aqk, Aqb, Aak, Aab = _chunk_A_exact(q, k, a, b, g, gam, gamp, BC)
+    return Aqk, Aqb, Aak, Aab
+
+
+@triton.jit
+def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
+    if _factorable(gam, gamp, BC):
+        dq, dk, da, db, x, xa = _intra_bwd_factored(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC)
+    else:
+        dq, dk, da, db, x, xa = _intra_bwd_exact(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC)
+    return dq, dk, da, db, x, xa
 
 
 @triton.jit
