@@ -218,17 +218,6 @@ def _factorable(gam, gamp, BC: tl.constexpr):
 
 
 @triton.jit
-def _chunk_A(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
-    # any gate: the factored form on the tensor cores wherever this chunk's decays allow it (RWKV-7's w never
-    # leaves it), the exact row-by-row form elsewhere (resets, steep decays)
-    if _factorable(gam, gamp, BC):
-        Aqk, Aqb, Aak, Aab = _chunk_A_factored(q, k, a, b, g, gam, gamp, BC)
-    else:
-        Aqk, Aqb, Aak, Aab = _chunk_A_exact(q, k, a, b, g, gam, gamp, BC)
-    return Aqk, Aqb, Aak, Aab
-
-
-@triton.jit
 def _intra_bwd(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC: tl.constexpr):
     if _factorable(gam, gamp, BC):
         dq, dk, da, db, x, xa = _intra_bwd_factored(dAqk, dAqb, dAak, dAab, q, k, a, b, g, gam, gamp, BC)
@@ -334,9 +323,24 @@ def _prep(
         tl.store(x4 + p_kc, (b_a * tl.exp(gamp)).to(x4.dtype.element_ty), mask=m_k[None, :])
     else:
         tl.store(x3 + p_ck, (b_q * tl.exp(gam)).to(x3.dtype.element_ty), mask=m_k[None, :])
-    Aqk, Aqb, Aak, Aab = _chunk_A(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
-    # fp32 products, rounded once when stored. Every row is written (rows past the chunk's end are zero), so
-    # the state passes read no stale memory.
+    # any gate: each form's A matrices go through the products in their own branch, so that no dot result
+    # crosses the branch into the inverse's dots (sm_90: a conversion between two MMA layouts, K >= 128)
+    if _factorable(gam, gamp, BC):
+        Aqk, Aqb, Aak, Aab = _chunk_A_factored(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
+        _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck,
+                       p_cc, o_c, o_k, m_k, K, BC, FOR_BWD)
+    else:
+        Aqk, Aqb, Aak, Aab = _chunk_A_exact(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
+        _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck,
+                       p_cc, o_c, o_k, m_k, K, BC, FOR_BWD)
+
+
+@triton.jit
+def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck, p_cc,
+                   o_c, o_k, m_k, K: tl.constexpr, BC: tl.constexpr, FOR_BWD: tl.constexpr):
+    """The prep's products of one chunk's A matrices: (I - A_ab)^-1 and what is formed with it (see _prep).
+    fp32 products, rounded once when stored. Every row is written (rows past the chunk's end are zero), so
+    the state passes read no stale memory."""
     if FOR_BWD:
         Tm = _inv_unit_triangular(Aab, BC)
         if PREP_BWD_W_LAST:
