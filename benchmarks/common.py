@@ -374,6 +374,17 @@ def rwkv7_case(
     return x
 
 
+def mixed_gates(w: Any) -> None:
+    """Edit RWKV-7 gates w [B, T, H, K] in place so that an any-gate variant takes both of its forms: in every
+    256 tokens, 16 of -5 (a whole 16-token chunk whose exponents pass 30: the exact form), a reset (-inf) in
+    half the channels at token 100, and -3 over tokens 150-189 in a third of the channels."""
+    import torch
+
+    t = torch.arange(w.shape[1], device=w.device) % 256
+    w[:, (t >= 16) & (t < 32)] = -5.0
+    w[:, t == 100, :, ::2] = -math.inf
+    w[:, (t >= 150) & (t < 190), :, 1::3] = -3.0
+
 def grad_outputs(x: Mapping[str, Any], seed: int) -> tuple[Any, Any]:
     """Random cotangents (do like o, dht like the fp32 final state): loss = <o, do> + <ht, dht>."""
     import torch

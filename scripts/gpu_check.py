@@ -66,7 +66,7 @@ class Case:
     seed: int
     lengths: tuple[int, ...] | None = None
     h0: str = "random"
-    gates: str = "rwkv7"  # or "mixed" (mixed_gates)
+    gates: str = "rwkv7"  # or "mixed" (benchmarks.common.mixed_gates)
 
 
 CASES = {
@@ -93,15 +93,6 @@ DRY_CASES = {
 }
 MIXED = ("mixed-D64", "mixed-D128", "mixed-fp16")
 
-
-def mixed_gates(w: Any) -> None:
-    """Edit RWKV-7 gates w [B, T, H, K] in place: steep decays, resets and partly steep chunks (see "gates")."""
-    import torch
-
-    t = torch.arange(w.shape[1], device=w.device) % 256
-    w[:, (t >= 16) & (t < 32)] = -5.0
-    w[:, t == 100, :, ::2] = -math.inf
-    w[:, (t >= 150) & (t < 190), :, 1::3] = -3.0
 # Cases beyond the main package's head dims: each gets a package of its own, built for the GPU by "build:<case>"
 WIDE = ("D256",)
 WIDE_SPEC = """\
@@ -167,7 +158,7 @@ class Worker:
                          seed=case.seed + (1000 if raw else 0), raw=raw, h0=case.h0,
                          n_states=None if case.lengths is None else len(case.lengths))
         if case.gates == "mixed":
-            mixed_gates(x["w"])
+            C.mixed_gates(x["w"])
         return x
 
     def run(self, job: str) -> dict[str, Any]:
