@@ -385,6 +385,7 @@ def mixed_gates(w: Any) -> None:
     w[:, t == 100, :, ::2] = -math.inf
     w[:, (t >= 150) & (t < 190), :, 1::3] = -3.0
 
+
 def grad_outputs(x: Mapping[str, Any], seed: int) -> tuple[Any, Any]:
     """Random cotangents (do like o, dht like the fp32 final state): loss = <o, do> + <ht, dht>."""
     import torch

@@ -91,7 +91,7 @@ DRY_CASES = {
     "mixed-D128": Case(1, 300, 1, 128, "float32", 18, gates="mixed"),
     "mixed-fp16": Case(1, 300, 1, 64, "float16", 19, gates="mixed"),
 }
-MIXED = ("mixed-D64", "mixed-D128", "mixed-fp16")
+MIXED = tuple(c for c, case in CASES.items() if case.gates == "mixed")
 
 # Cases beyond the main package's head dims: each gets a package of its own, built for the GPU by "build:<case>"
 WIDE = ("D256",)

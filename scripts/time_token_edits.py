@@ -36,12 +36,12 @@ from dplr_gen.compile import import_source  # noqa: E402
 KERNELS = {"bwd": "chunk_dplr_bwd_kernel", "prep": "chunk_dplr_prep_kernel", "prep_bwd": "chunk_dplr_prep_bwd_kernel"}
 
 DTYPES = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float32}
-# what the preps write per chunk slot (their signatures' names): at most a [C, K] tile each ([C, C], [K, C], [K])
 # what each kernel writes (compared with the shipped form's)
 OUTPUTS = {"bwd": frozenset({"dq", "dk", "da", "db", "dg"}),
            "prep": frozenset({"w", "m", "bwt", "kwt", "egc", "aqk", "aqb", "qw"}),
            "prep_bwd": frozenset({"w", "m", "bwt", "kwt", "egc", "y", "p", "qwt", "awt", "aqkt", "aakt"})}
-PREP_OUTPUTS = frozenset({"w", "m", "bwt", "kwt", "egc", "aqk", "aqb", "qw", "y", "p", "qwt", "awt", "aqkt", "aakt"})
+# what the preps write per chunk slot (their signatures' names): at most a [C, K] tile each ([C, C], [K, C], [K])
+PREP_OUTPUTS = OUTPUTS["prep"] | OUTPUTS["prep_bwd"]
 
 
 def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: str = "cuda") -> list[Any]:

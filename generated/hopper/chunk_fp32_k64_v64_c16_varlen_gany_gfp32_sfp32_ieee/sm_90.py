@@ -91,12 +91,18 @@ def _inv_unit_triangular(A, BC: tl.constexpr):
 
 
 @triton.jit
+def _centre_row(gam, BC: tl.constexpr):
+    """gamma at the factored form's reference row r = BC/2 - 1, as a [1, BK] row."""
+    o_c = tl.arange(0, BC)
+    return tl.expand_dims(tl.sum(tl.where(o_c[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+
+
+@triton.jit
 def _factors(q, k, a, b, gam, gamp, BC: tl.constexpr):
     """Gate-factored operands Q~ = q e^(gamma - gamma_r), K~ = k e^(gamma_r - gamma), B~, A~ = a e^(gamma' - gamma_r),
     the exponent re-centred at row r = BC/2 - 1: every |exponent| <= BC*|bound|/2 (bounded variants), or checked
     to be <= FACTOR_LIMIT for the chunk (_factorable, any-gate variants)."""
-    o_c = tl.arange(0, BC)
-    gr = tl.expand_dims(tl.sum(tl.where(o_c[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+    gr = _centre_row(gam, BC)
     fq = tl.exp(gam - gr)
     fk = tl.exp(gr - gam)
     fa = tl.exp(gamp - gr)
@@ -108,9 +114,8 @@ def _chunk_A_factored(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
     """A_qk = tril(Q~ K~^T), A_qb = tril(Q~ B~^T), A_ak = stril(A~ K~^T), A_ab = stril(A~ B~^T)."""
     o_c = tl.arange(0, BC)
     Qf, Kf, Bf, Af, fq, fk, fa = _factors(q, k, a, b, gam, gamp, BC)
-    # A_ab feeds the fp32 dots of (I - A_ab)^-1. Hopper/Blackwell: from fp32 operands, so that the whole inverse
-    # chain shares one MMA encoding (no mma -> mma layout conversion); Ampere: one encoding anyway, and the
-    # fp32 tiles would not fit 99 KB of shared memory in the backward
+    # A_ab feeds the fp32 dots of (I - A_ab)^-1: from fp32 operands like the other three, so that the whole
+    # inverse chain shares one MMA encoding (no mma -> mma layout conversion on Hopper and Blackwell)
     low = o_c[:, None] >= o_c[None, :]
     slow = o_c[:, None] > o_c[None, :]
     Aab = tl.where(slow, _dot(Af.to(tl.float32), tl.trans(Bf.to(tl.float32))), 0.)
@@ -210,8 +215,7 @@ def _factorable(gam, gamp, BC: tl.constexpr):
     """Whether this chunk's tile may take the factored form: every exponent of its factors, gamma - gamma_r and
     gamma' - gamma_r, finite and within +-FACTOR_LIMIT (e^30 leaves fp32 and bf16 room for the products; a
     comparison with NaN is false, so -inf and NaN gates take the exact form)."""
-    o_c = tl.arange(0, BC)
-    gr = tl.expand_dims(tl.sum(tl.where(o_c[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+    gr = _centre_row(gam, BC)
     bad = tl.sum(tl.where(tl.abs(gam - gr) <= FACTOR_LIMIT, 0, 1))
     bad += tl.sum(tl.where(tl.abs(gamp - gr) <= FACTOR_LIMIT, 0, 1))
     return bad == 0
