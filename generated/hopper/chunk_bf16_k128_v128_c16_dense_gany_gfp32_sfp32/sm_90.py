@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 # variant: dtype=bf16 gate_dtype=fp32 K=128 V=128 chunk=16 varlen=False
-# token pass: chunks of 16 tokens (the state passes store every 1-th boundary state)
+# token pass: chunks of 16 tokens (the state passes store every 2-th boundary state; the pass derives those between)
 # gate mode: any gk <= 0 incl. -inf: factored exponents in each chunk whose exponents allow it, exact segment sums elsewhere
 # dot operands: tl.bfloat16 (chained), tl.float32 (gate-factored); fp32 dots use input_precision="tf32"
 
@@ -401,13 +401,13 @@ def _state_pass(
     """The sequential part of the forward over one (sequence * head, V-block): per chunk, store the state
     entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both) unless
     store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state. The
-    states go to slots of 16 tokens: every 1-th chunk's."""
+    states go to slots of 32 tokens: every 2-th chunk's."""
     i_nh = tl.program_id(0)  # N * H on grid axis 0 (axes 1/2 stop at 65535)
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, L, slot0 = _sequence(i_n, T, BC)
-    hslot0 = _sequence(i_n, T, 16)[2]
+    hslot0 = _sequence(i_n, T, 32)[2]
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -425,8 +425,8 @@ def _state_pass(
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
-        p_h = (hslot0 + i_t // 1) * H + i_h
-        tl.store(h + p_h * K * V + o_kv, S.to(h.dtype.element_ty), mask=m_kv & keep & (i_t % 1 == 0))
+        p_h = (hslot0 + i_t // 2) * H + i_h
+        tl.store(h + p_h * K * V + o_kv, S.to(h.dtype.element_ty), mask=m_kv & keep & (i_t % 2 == 0))
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_v = tl.load(v + p_y, mask=m_y, other=0.).to(tl.bfloat16)
@@ -471,6 +471,26 @@ def chunk_dplr_fwd_h_kernel(
 
 
 @triton.jit
+def chunk_dplr_fwd_small_kernel(
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u,
+    scale, store_states, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, scale, store_states, T, H,
+                K, V, BC, BK, BV, True)
+
+
+@triton.jit
+def chunk_dplr_fwd_h_small_kernel(
+    kwt, v, bwt, egc, w, m, h0, h, ht, u,
+    T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False)
+
+
+@triton.jit
 def _reverse_pass(
     qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
     scale, T, H,
@@ -479,14 +499,14 @@ def _reverse_pass(
     """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
     per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P), dV (it contracts over K, never over V, so
     each V-block has all it needs here, and the token pass holds fewer tiles) and, at the end of each of the
-    16-token slots, dS (the gradient reaching that end state), then steps dS to the chunk start; finally
+    32-token slots, dS (the gradient reaching that end state), then steps dS to the chunk start; finally
     d(initial state)."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
     i_h = i_nh % H
     bos, L, slot0 = _sequence(i_n, T, BC)
-    hslot0 = _sequence(i_n, T, 16)[2]
+    hslot0 = _sequence(i_n, T, 32)[2]
     NT = tl.cdiv(L, BC)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
@@ -505,10 +525,10 @@ def _reverse_pass(
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
         p_s = (slot0 + i_t) * H + i_h
-        # dS: the gradient reaching this chunk's end state, where a 16-token slot ends
-        p_h = (hslot0 + i_t // 1) * H + i_h
+        # dS: the gradient reaching this chunk's end state, where a 32-token slot ends
+        p_h = (hslot0 + i_t // 2) * H + i_h
         tl.store(dh + p_h * K * V + o_kv, dS.to(dh.dtype.element_ty),
-                 mask=m_kv & ((i_t % 1 == 0) | (i_t == NT - 1)))
+                 mask=m_kv & ((i_t % 2 == 1) | (i_t == NT - 1)))
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.bfloat16)
@@ -544,8 +564,37 @@ def chunk_dplr_bwd_dh_kernel(
 
 
 @triton.jit
+def chunk_dplr_bwd_dh_small_kernel(
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
+    scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, scale, T, H,
+                  K, V, BC, BK, BV)
+
+
+@triton.jit
+def _kept_step(S, egc, xt, yt, x, y, slot, p_y, m_y, o_c, o_k, m_k, H, i_h, c,
+               K: tl.constexpr, BC: tl.constexpr):
+    """S e^gamma_C + c X^T x + Y^T y for the K rows o_k of one chunk-boundary state: the states pass's step
+    over chunk ``slot`` (X^T, Y^T = its (B e^..)^T, (K e^..)^T; x, y = U, V) or the reverse pass's (X^T, Y^T =
+    (Q e^gamma)^T, (A e^gamma')^T; x, y = dO, dR; c = scale), with the prep's [K, C] operands of that chunk."""
+    p_s = slot * H + i_h
+    o_kc = o_k[:, None] * BC + o_c[None, :]
+    b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+    b_xt = tl.load(xt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_yt = tl.load(yt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_x = tl.load(x + p_y, mask=m_y, other=0.).to(b_xt.dtype)
+    b_y = tl.load(y + p_y, mask=m_y, other=0.).to(b_yt.dtype)
+    # the passes' own sum (c scales its product, never S: c = 0 is a valid scale); the last product accumulated
+    # onto it (_dot_acc)
+    return _dot_acc(b_yt, b_y, S * b_eg[:, None] + c * _dot(b_xt, b_x))
+
+
+@triton.jit
 def chunk_dplr_bwd_kernel(
     q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
+    egc, bwt, kwt, qwt, awt,
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
@@ -562,8 +611,6 @@ def chunk_dplr_bwd_kernel(
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
     r_q, r_k, r_a, r_b, r_g = _load_inputs(q, k, a, b, gk, p_x, m_x)
-    b_q, b_k, b_a, b_b, g, gam, gamp, ed, Qw, Aw, Bw, Kw = _token_gates(
-        r_q, r_k, r_a, r_b, r_g, gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
 
     # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel), and so does
     # dV (the reverse pass): no A matrix and no gate is needed in the V loop
@@ -576,17 +623,36 @@ def chunk_dplr_bwd_kernel(
     dKw = tl.zeros([BC, BK], dtype=tl.float32)
     dBw = tl.zeros([BC, BK], dtype=tl.float32)
     dgS = tl.zeros([BK], dtype=tl.float32)
-    p_hs = (slot * H + i_h) * K * V
+    # h and dh are kept once per 32 tokens, i.e. for every second chunk here: an odd chunk steps the kept
+    # state over the chunk before (as the states pass did), an even one steps the kept dS back over the chunk
+    # after (as the reverse pass did), each with that chunk's operands from the backward's prep (same slots)
+    _, L, hslot0 = _sequence(i_n, T, 32)  # the kept slots as the state passes number them
+    p_hs = ((hslot0 + i_t // 2) * H + i_h) * K * V
+    odd = ((i_t % 2) == 1) & (lenc > 0)
+    lenn = tl.minimum(L - (i_t + 1) * BC, BC)  # valid rows of the next chunk
+    has_next = ((i_t % 2) == 0) & (lenn > 0) & (lenc > 0)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         m_kv = m_k[:, None] & m_v[None, :] & (lenc > 0)
         m_vk = m_v[:, None] & m_k[None, :] & (lenc > 0)
         S0 = tl.load(h + p_hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.).to(tl.float32)
-        S0T = tl.load(h + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
         dS = tl.load(dh + p_hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.).to(tl.float32)
-        dST = tl.load(dh + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
+        if odd:
+            # S0 = e^gamma_C S + (B e^(gamma_C - gamma))^T U + (K e^(gamma_C - gamma))^T V over the chunk before
+            S0 = _kept_step(S0, egc, bwt, kwt, u, v, slot - 1, p_y - BC * H * V, m_v[None, :], o_c, o_k, m_k,
+                            H, i_h, 1.0, K, BC)
+            S0T = tl.trans(S0).to(tl.bfloat16)
+        else:
+            S0T = tl.load(h + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
+        if has_next:
+            # dS = e^gamma_C dS' + scale (Q e^gamma)^T dO + (A e^gamma')^T dR over the chunk after
+            dS = _kept_step(dS, egc, qwt, awt, do, dr, slot + 1, p_y + BC * H * V,
+                            (o_c < lenn)[:, None] & m_v[None, :], o_c, o_k, m_k, H, i_h, scale, K, BC)
+            dST = tl.trans(dS).to(tl.bfloat16)
+        else:
+            dST = tl.load(dh + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
         m_y = m_c[:, None] & m_v[None, :]
         p_yT = ((t0 + o_c[None, :]) * H + i_h) * V + o_v[:, None]
         m_yT = m_c[None, :] & m_v[:, None]
@@ -608,6 +674,8 @@ def chunk_dplr_bwd_kernel(
         dBw = _dot_acc(U, dST, dBw)
         dgS += tl.sum(dS * S0, 1)
 
+    b_q, b_k, b_a, b_b, g, gam, gamp, ed, Qw, Aw, Bw, Kw = _token_gates(
+        r_q, r_k, r_a, r_b, r_g, gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
     # gradient of gamma_C through S_C = e^gamma_C S0 + (B e^(gamma_C-gamma))^T U + (K e^(gamma_C-gamma))^T V:
     # sum_v dS * S_C = e^gamma_C sum_v dS * S0 + sum_c (B e^..) * (U dS^T) + (K e^..) * (V dS^T), the last two
     # being the dB~ and dK~ accumulators (no S_C tile needed)
@@ -675,6 +743,7 @@ SIGNATURES = {
         "do": "*bf16",
         "dq": "*bf16", "dk": "*bf16", "da": "*bf16", "db": "*bf16",
         "dg": "*fp32",
+        "egc": "*fp32", "bwt": "*bf16", "kwt": "*bf16", "qwt": "*bf16", "awt": "*bf16",
         "scale": "fp32", "T": "i32", "H": "i32",
     },
 }
@@ -684,14 +753,17 @@ CONSTEXPRS = {
     "chunk_dplr_fwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 64},
     "chunk_dplr_fwd_h_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 64},
     "chunk_dplr_bwd_dh_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 32},
-    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 128, "BV": 16},
+    "chunk_dplr_bwd_kernel": {"K": 128, "V": 128, "BC": 16, "BK": 64, "BV": 64},
 }
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
 # the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
 # the small-grid copies (knob launch_below_sms): launched where the main kernel's grid has fewer programs than
 # this many times the device's SMs
-OPTIONS = {"overlap_state_passes": True, "states_every": 16,
+OPTIONS = {"overlap_state_passes": True, "states_every": 32,
            "small_grid_below_sms": {
+               "chunk_dplr_fwd_kernel": 1,
+               "chunk_dplr_fwd_h_kernel": 1,
+               "chunk_dplr_bwd_dh_kernel": 1,
            }}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 2, "num_stages": 2},
@@ -699,5 +771,14 @@ LAUNCH = {
     "chunk_dplr_fwd_kernel": {"num_warps": 4, "num_stages": 2},
     "chunk_dplr_fwd_h_kernel": {"num_warps": 4, "num_stages": 2},
     "chunk_dplr_bwd_dh_kernel": {"num_warps": 2, "num_stages": 3},
-    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 2},
+    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 3},
 }
+# the state passes for grids smaller than the device: the same arguments, other tiles and warps
+for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
+    _small = _name.replace("_kernel", "_small_kernel")
+    SIGNATURES[_small] = SIGNATURES[_name]
+    CONSTEXPRS[_small] = {**CONSTEXPRS[_name], "BV": 32}
+    LAUNCH[_small] = {"num_warps": 4, "num_stages": 2}
+SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
+CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
+LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 2}

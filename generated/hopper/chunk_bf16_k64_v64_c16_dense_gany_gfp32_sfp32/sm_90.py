@@ -471,6 +471,26 @@ def chunk_dplr_fwd_h_kernel(
 
 
 @triton.jit
+def chunk_dplr_fwd_small_kernel(
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u,
+    scale, store_states, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, scale, store_states, T, H,
+                K, V, BC, BK, BV, True)
+
+
+@triton.jit
+def chunk_dplr_fwd_h_small_kernel(
+    kwt, v, bwt, egc, w, m, h0, h, ht, u,
+    T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False)
+
+
+@triton.jit
 def _reverse_pass(
     qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
     scale, T, H,
@@ -535,6 +555,16 @@ def _reverse_pass(
 
 @triton.jit
 def chunk_dplr_bwd_dh_kernel(
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
+    scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, scale, T, H,
+                  K, V, BC, BK, BV)
+
+
+@triton.jit
+def chunk_dplr_bwd_dh_small_kernel(
     qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -683,8 +713,8 @@ CONSTEXPRS = {
     "chunk_dplr_prep_bwd_kernel": {"K": 64, "BC": 16, "BK": 64},
     "chunk_dplr_fwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 32},
     "chunk_dplr_fwd_h_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 32},
-    "chunk_dplr_bwd_dh_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 32},
-    "chunk_dplr_bwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 32},
+    "chunk_dplr_bwd_dh_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 64},
+    "chunk_dplr_bwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 64},
 }
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
 # the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
@@ -692,12 +722,24 @@ CONSTEXPRS = {
 # this many times the device's SMs
 OPTIONS = {"overlap_state_passes": True, "states_every": 16,
            "small_grid_below_sms": {
+               "chunk_dplr_fwd_kernel": 4,
+               "chunk_dplr_fwd_h_kernel": 4,
+               "chunk_dplr_bwd_dh_kernel": 1,
            }}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 1, "num_stages": 2},
     "chunk_dplr_prep_bwd_kernel": {"num_warps": 1, "num_stages": 2},
     "chunk_dplr_fwd_kernel": {"num_warps": 1, "num_stages": 2},
     "chunk_dplr_fwd_h_kernel": {"num_warps": 1, "num_stages": 2},
-    "chunk_dplr_bwd_dh_kernel": {"num_warps": 1, "num_stages": 2},
-    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 2},
+    "chunk_dplr_bwd_dh_kernel": {"num_warps": 2, "num_stages": 3},
+    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 3, "maxnreg": 168},
 }
+# the state passes for grids smaller than the device: the same arguments, other tiles and warps
+for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
+    _small = _name.replace("_kernel", "_small_kernel")
+    SIGNATURES[_small] = SIGNATURES[_name]
+    CONSTEXPRS[_small] = {**CONSTEXPRS[_name], "BV": 32}
+    LAUNCH[_small] = {"num_warps": 1, "num_stages": 3}
+SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
+CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
+LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 1, "num_stages": 2}

@@ -477,6 +477,26 @@ def chunk_dplr_fwd_h_kernel(
 
 
 @triton.jit
+def chunk_dplr_fwd_small_kernel(
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u,
+    cu_seqlens, scale, store_states, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, cu_seqlens, scale, store_states, T, H,
+                K, V, BC, BK, BV, True)
+
+
+@triton.jit
+def chunk_dplr_fwd_h_small_kernel(
+    kwt, v, bwt, egc, w, m, h0, h, ht, u,
+    cu_seqlens, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, cu_seqlens, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False)
+
+
+@triton.jit
 def _reverse_pass(
     qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
     cu_seqlens, scale, T, H,
@@ -541,6 +561,16 @@ def _reverse_pass(
 
 @triton.jit
 def chunk_dplr_bwd_dh_kernel(
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
+    cu_seqlens, scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, cu_seqlens, scale, T, H,
+                  K, V, BC, BK, BV)
+
+
+@triton.jit
+def chunk_dplr_bwd_dh_small_kernel(
     qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
     cu_seqlens, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -704,6 +734,9 @@ CONSTEXPRS = {
 # this many times the device's SMs
 OPTIONS = {"overlap_state_passes": True, "states_every": 16,
            "small_grid_below_sms": {
+               "chunk_dplr_fwd_kernel": 1,
+               "chunk_dplr_fwd_h_kernel": 1,
+               "chunk_dplr_bwd_dh_kernel": 1,
            }}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 2, "num_stages": 2},
@@ -713,3 +746,12 @@ LAUNCH = {
     "chunk_dplr_bwd_dh_kernel": {"num_warps": 2, "num_stages": 2},
     "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 2},
 }
+# the state passes for grids smaller than the device: the same arguments, other tiles and warps
+for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
+    _small = _name.replace("_kernel", "_small_kernel")
+    SIGNATURES[_small] = SIGNATURES[_name]
+    CONSTEXPRS[_small] = {**CONSTEXPRS[_name], "BV": 32}
+    LAUNCH[_small] = {"num_warps": 4, "num_stages": 2}
+SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
+CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
+LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 2}

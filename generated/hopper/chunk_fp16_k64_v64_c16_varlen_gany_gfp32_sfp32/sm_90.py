@@ -550,6 +550,16 @@ def chunk_dplr_bwd_dh_kernel(
 
 
 @triton.jit
+def chunk_dplr_bwd_dh_small_kernel(
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
+    cu_seqlens, scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, cu_seqlens, scale, T, H,
+                  K, V, BC, BK, BV)
+
+
+@triton.jit
 def chunk_dplr_bwd_kernel(
     q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
     cu_seqlens, chunk_map, scale, T, H,
@@ -695,8 +705,8 @@ CONSTEXPRS = {
     "chunk_dplr_prep_bwd_kernel": {"K": 64, "BC": 16, "BK": 64},
     "chunk_dplr_fwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 32},
     "chunk_dplr_fwd_h_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 32},
-    "chunk_dplr_bwd_dh_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 32},
-    "chunk_dplr_bwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 32},
+    "chunk_dplr_bwd_dh_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 64},
+    "chunk_dplr_bwd_kernel": {"K": 64, "V": 64, "BC": 16, "BK": 64, "BV": 64},
 }
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
 # the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
@@ -704,12 +714,16 @@ CONSTEXPRS = {
 # this many times the device's SMs
 OPTIONS = {"overlap_state_passes": True, "states_every": 16,
            "small_grid_below_sms": {
+               "chunk_dplr_bwd_dh_kernel": 1,
            }}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 1, "num_stages": 2},
     "chunk_dplr_prep_bwd_kernel": {"num_warps": 1, "num_stages": 2},
     "chunk_dplr_fwd_kernel": {"num_warps": 1, "num_stages": 2},
     "chunk_dplr_fwd_h_kernel": {"num_warps": 1, "num_stages": 2},
-    "chunk_dplr_bwd_dh_kernel": {"num_warps": 1, "num_stages": 2},
-    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 2},
+    "chunk_dplr_bwd_dh_kernel": {"num_warps": 2, "num_stages": 3},
+    "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 3, "maxnreg": 168},
 }
+SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
+CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
+LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 1, "num_stages": 2}
