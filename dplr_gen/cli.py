@@ -153,7 +153,7 @@ def doctor() -> None:
     from importlib.metadata import PackageNotFoundError, version
 
     from .cache import cache_root
-    from .runtime import GENERATED, KEEP_STUBS_ENV
+    from .runtime import GENERATED, KEEP_STUBS_ENV, keeps_stubs
 
     table = Table(show_header=False)
     table.add_column("what")
@@ -182,9 +182,8 @@ def doctor() -> None:
     try:
         from .triton_compat import kept_driver_modules, triton_version
 
-        keep = os.environ.get(KEEP_STUBS_ENV, "1") not in ("", "0")
         table.add_row("launch stubs", f"{kept_driver_modules(cache_root(), str(triton_version()))} kept for this "
-                      f"Triton in the cache" + ("" if keep else f" ({KEEP_STUBS_ENV}=0: not used)"))
+                      f"Triton in the cache" + ("" if keeps_stubs() else f" ({KEEP_STUBS_ENV}=0: not used)"))
     except Exception as e:  # doctor reports, it does not fail
         table.add_row("launch stubs", f"unknown ({e})")
     table.add_row("DPLR_GEN_NO_JIT", os.environ.get("DPLR_GEN_NO_JIT", "unset (run-time JIT allowed)"))

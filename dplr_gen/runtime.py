@@ -35,8 +35,19 @@ class UnsupportedDeviceError(RuntimeError):
     """No target of the spec covers this GPU."""
 
 
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off environment variable: unset -> ``default``; empty or "0" -> off; anything else -> on."""
+    value = os.environ.get(name)
+    return default if value is None else value not in ("", "0")
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return env_flag("TRITON_INTERPRET", False)
+
+
+def keeps_stubs() -> bool:
+    """Whether launch stubs are kept in (and looked up in) dplr-gen's cache (KEEP_STUBS_ENV, on by default)."""
+    return env_flag(KEEP_STUBS_ENV, True)
 
 
 @functools.cache
@@ -204,7 +215,7 @@ class SpecPackage:
         if aot is not None:
             triton_compat.warm_launchers(aot.values(), keep_in=self._stub_store(manifest))
             return KernelSet(module, aot)
-        if os.environ.get(NO_JIT_ENV, "0") not in ("", "0"):
+        if env_flag(NO_JIT_ENV, False):
             raise NotBuiltError(
                 f"{entry['unit']} of spec {self.name!r} has no compiled kernels to load ({why}) and "
                 f"{NO_JIT_ENV}=1 forbids compiling at run time; run `dplr-gen build {self.spec_file}` with the "
@@ -252,7 +263,7 @@ class SpecPackage:
 
     def _stub_store(self, manifest: dict[str, Any] | None) -> tuple[Path, str] | None:
         """Where launch stubs are kept beside this package's kernels (see triton_compat.driver_modules_kept_in)."""
-        if manifest is None or os.environ.get(KEEP_STUBS_ENV, "1") in ("", "0"):
+        if manifest is None or not keeps_stubs():
             return None
         return self._cache_root(manifest), manifest["triton_version"]
 
