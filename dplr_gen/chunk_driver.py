@@ -160,21 +160,28 @@ def state_step_operands(pr: Prep) -> tuple[torch.Tensor, ...]:
 
 
 def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False,
-               chunk_map: torch.Tensor | None = None) -> Prep:
+               chunk_map: torch.Tensor | None = None, pass_ops: bool = True) -> Prep:
     """The chunk-parallel, state-independent work (see ``Prep``), for the forward or (``for_bwd``) for the
-    backward's passes."""
+    backward's passes. ``pass_ops=False`` (backward only, where the forward kept the states): W, M and, unless
+    the token pass derives states with it, (B e^..)^T are neither written nor allocated (None in ``Prep``):
+    only the states pass reads them. H100, bf16, that prep alone: 1.31 -> 1.18 ms at (8, 4096, 64, 64), 0.343 ->
+    0.312 at (4, 4096, 32, 64), 0.338 -> 0.331 at (8, 2048, 16, 128) (docs/perf_notes.md 41)."""
     _, T, H, K = q.shape
     C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
-    w, m, bwt, kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device)
-                                  for shape in (ck, cc, ck, ck, ck if for_bwd else cc, cc, ck))
+    skip_wm = for_bwd and not pass_ops
+    skip_bwt = skip_wm and not derives_states(ks)
+    one = (1,)  # a valid pointer for the masked-off stores
+    w, m, bwt, kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device) for shape in (
+        one if skip_wm else ck, one if skip_wm else cc, one if skip_bwt else ck, ck, ck if for_bwd else cc, cc, ck))
     egc = _empty((n_slots, H, K), torch.float32, q.device)
     x4, x5, x6 = ((_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device), _empty(cc, q.dtype, q.device))
                   if for_bwd else (None, None, None))
     getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
-        q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, *([x4, x5, x6] if for_bwd else []),
+        q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, *([x4, x5, x6, int(not skip_wm)] if for_bwd else []),
         *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
-    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6)
+    return Prep(None if skip_wm else w, None if skip_wm else m, None if skip_bwt else bwt, kwt, egc, x1, x2, x3,
+                x4, x5, x6)
 
 
 def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True):
@@ -316,9 +323,9 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     writes dv); the token pass."""
     do = do.contiguous()
     q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
-    pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
-                    chunk_map=saved["chunk_map"])
     recomputed = saved["states"] is None  # else h and U are the forward's, saved by autograd: read only
+    pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
+                    chunk_map=saved["chunk_map"], pass_ops=recomputed)
     # the token pass may read the state steps' operands: kept until it has run, the rest freed before it
     steps = state_step_operands(pr) if derives_states(ks) else ()
     if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1]):

@@ -55,6 +55,8 @@ def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: st
             args.append(K ** -0.5)
         elif name in ("T", "H"):
             args.append(T if name == "T" else H)
+        elif ty == "i32":  # an on/off switch (the backward prep's store_pass_ops): on, as a recompute runs it
+            args.append(1)
         elif name == "gk":
             args.append((-torch.rand(B, T, H, K, generator=g, device=dev) * 0.6).to(DTYPES[ty]))
         elif name in ("dq", "dk", "da", "db", "dg"):

@@ -442,6 +442,29 @@ def test_token_pass_derives_states(dtype, K, BK, gate_bound, keep, kw):
     check(run_case(v, H=2, tune=tune, extreme=gate_bound is None, keep_states=keep, **kw), TOL[dtype])
 
 
+@pytest.mark.parametrize("derive", [False, True])
+def test_backward_prep_without_the_states_pass_operands(derive):
+    """Where the forward kept the states (no states pass in the backward), the backward's prep neither allocates
+    nor writes W, M and, unless the token pass derives states with it, (B e^..)^T; what it does write is the
+    same to the bit. Checked on NaN-poisoned buffers, so a masked-off store that leaked would show."""
+    v = make_variant("fp32", K=32, V=32, chunk_size=16)
+    tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_v=16, states_every=32 if derive else None)}
+    ks = load(v, tune)
+    x = {n: t.to(DEVICE) for n, t in rwkv7_inputs(2, 45, 2, 32, 32, dtype=torch.float32).items()}
+    args = (ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], None, 2 * 3)
+    chunk_driver.POISON = True
+    try:
+        full = chunk_driver.chunk_prep(*args, for_bwd=True)
+        lean = chunk_driver.chunk_prep(*args, for_bwd=True, pass_ops=False)
+    finally:
+        chunk_driver.POISON = False
+    assert lean.w is None and lean.m is None and (lean.bwt is not None) == derive
+    for name in chunk_driver.Prep._fields:
+        a, b = getattr(full, name), getattr(lean, name)
+        if b is not None:
+            assert not a.isnan().any() and torch.equal(a, b), name
+
+
 def test_token_pass_derives_states_scale_zero():
     """scale = 0 (a valid, finite scale): the derived dS steps with scale times dO's product, never through a
     division by it."""

@@ -35,6 +35,9 @@ PREC = tl.constexpr("tf32")
 FACTOR_LIMIT = tl.constexpr(30.0)
 # the backward's prep writes W last (see PREP_BWD_W_LAST in the template)
 PREP_BWD_W_LAST = tl.constexpr(False)
+# the token pass derives states with (B e^(gamma_C - gamma))^T: the backward's prep writes it even where the
+# states pass, its other reader, does not run (states kept by the forward)
+TOKEN_DERIVES = tl.constexpr(False)
 
 
 @triton.jit
@@ -286,7 +289,7 @@ def _load_inputs(q, k, a, b, gk, p, m):
 
 @triton.jit
 def _prep(
-    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, pass_ops,
     cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr,
 ):
@@ -299,7 +302,9 @@ def _prep(
     x6 = A_ak^T [C, C], with which dV = scale A_qk^T dO + (K e^(gamma_C - gamma)) dS + A_ak^T dR.
     The scaled operands are rounded to the input dtype exactly as the passes' dots would round them: the
     passes then load them instead of re-deriving the gates (a cumsum and three exponentials per step of a
-    sequential loop), and the [K, C] ones come transposed, so no transpose enters the loop-carried state."""
+    sequential loop), and the [K, C] ones come transposed, so no transpose enters the loop-carried state.
+    pass_ops = 0 (the backward's prep where the forward kept the states): the states pass does not run, so W, M
+    and (B e^..)^T, its operands only, are not written (their pointers may be one element long)."""
     i_sh = tl.program_id(0)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
@@ -319,7 +324,8 @@ def _prep(
     p_cc = base_cc + o_c[:, None] * BC + o_c[None, :]
     # the scaled operands first: stored at once, they need not stay in registers through the products below
     ed = tl.exp(gend)
-    tl.store(bwt + p_kc, (b_b * ed).to(bwt.dtype.element_ty), mask=m_k[None, :])
+    keep_wm = pass_ops != 0
+    tl.store(bwt + p_kc, (b_b * ed).to(bwt.dtype.element_ty), mask=m_k[None, :] & (keep_wm | TOKEN_DERIVES))
     tl.store(kwt + p_kc, (b_k * ed).to(kwt.dtype.element_ty), mask=m_k[None, :])
     tl.store(egc + (slot * H + i_h) * K + o_k[None, :], tl.exp(gC), mask=m_k[None, :])
     if FOR_BWD:
@@ -332,28 +338,30 @@ def _prep(
     if _factorable(gam, gamp, BC):
         Aqk, Aqb, Aak, Aab = _chunk_A_factored(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
         _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck,
-                       p_cc, o_c, o_k, m_k, K, BC, FOR_BWD)
+                       p_cc, o_c, o_k, m_k, keep_wm, K, BC, FOR_BWD)
     else:
         Aqk, Aqb, Aak, Aab = _chunk_A_exact(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
         _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck,
-                       p_cc, o_c, o_k, m_k, K, BC, FOR_BWD)
+                       p_cc, o_c, o_k, m_k, keep_wm, K, BC, FOR_BWD)
 
 
 @triton.jit
 def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck, p_cc,
-                   o_c, o_k, m_k, K: tl.constexpr, BC: tl.constexpr, FOR_BWD: tl.constexpr):
+                   o_c, o_k, m_k, keep_wm, K: tl.constexpr, BC: tl.constexpr, FOR_BWD: tl.constexpr):
     """The prep's products of one chunk's A matrices: (I - A_ab)^-1 and what is formed with it (see _prep).
     fp32 products, rounded once when stored. Every row is written (rows past the chunk's end are zero), so
-    the state passes read no stale memory."""
+    the state passes read no stale memory. keep_wm false (backward only): W and M are not written."""
     if FOR_BWD:
         Tm = _inv_unit_triangular(Aab, BC)
+        # (the masked-off stores of W and M leave their products unused; they cost no memory traffic)
+        m_cc = (o_c[:, None] >= 0) & keep_wm
         if PREP_BWD_W_LAST:
-            tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty))
+            tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty), mask=m_cc)
         else:
             W = _dot(Tm, b_a * tl.exp(gamp))
             M = _dot(Tm, Aak)
-            tl.store(w + p_ck, W.to(w.dtype.element_ty), mask=m_k[None, :])
-            tl.store(m + p_cc, M.to(m.dtype.element_ty))
+            tl.store(w + p_ck, W.to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
+            tl.store(m + p_cc, M.to(m.dtype.element_ty), mask=m_cc)
         # the transposed products are formed untransposed (Y^T = (B e^..)^T (I - A_ab)^-1, P^T = A_qb
         # (I - A_ab)^-1: no transposed dot result enters a dot) and written through transposed offsets
         YT = _dot(tl.trans(b_b * tl.exp(gend)), Tm)
@@ -364,7 +372,7 @@ def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x
         tl.store(x5 + p_ccT, Aqk.to(x5.dtype.element_ty))
         tl.store(x6 + p_ccT, Aak.to(x6.dtype.element_ty))
         if PREP_BWD_W_LAST:
-            tl.store(w + p_ck, _dot(Tm, b_a * tl.exp(gamp)).to(w.dtype.element_ty), mask=m_k[None, :])
+            tl.store(w + p_ck, _dot(Tm, b_a * tl.exp(gamp)).to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
     else:
         # the forward forms A e^gamma' before the inverse (the a and gamma' tiles die there) and W last, after
         # the [C, C] stores. H100, Triton 3.6, bf16, K = 128 at 2 warps: Triton's spill count 74 -> 22 and
@@ -385,16 +393,17 @@ def chunk_dplr_prep_kernel(
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     # x4 to x6 are not written by the forward's prep: qw stands in for them
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, cu_seqlens, chunk_map, T, H, K, BC, BK, False)
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, cu_seqlens, chunk_map, T, H, K, BC, BK, False)
 
 
 @triton.jit
 def chunk_dplr_prep_bwd_kernel(
-    q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops,
     cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, cu_seqlens, chunk_map, T, H, K, BC, BK, True)
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, cu_seqlens, chunk_map, T, H, K, BC,
+          BK, True)
 
 
 @triton.jit
@@ -698,7 +707,7 @@ SIGNATURES = {
         "q": "*bf16", "k": "*bf16", "a": "*bf16", "b": "*bf16", "gk": "*bf16",
         "w": "*bf16", "m": "*bf16", "bwt": "*bf16", "kwt": "*bf16", "egc": "*fp32",
         "y": "*bf16", "p": "*bf16", "qwt": "*bf16", "awt": "*bf16",
-        "aqkt": "*bf16", "aakt": "*bf16",
+        "aqkt": "*bf16", "aakt": "*bf16", "store_pass_ops": "i32",
         "cu_seqlens": "*i32", "chunk_map": "*i32",
         "T": "i32", "H": "i32",
     },
