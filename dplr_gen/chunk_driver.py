@@ -170,18 +170,19 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
     skip_wm = for_bwd and not pass_ops
-    skip_bwt = skip_wm and not derives_states(ks)
-    one = (1,)  # a valid pointer for the masked-off stores
-    w, m, bwt, kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device) for shape in (
-        one if skip_wm else ck, one if skip_wm else cc, one if skip_bwt else ck, ck, ck if for_bwd else cc, cc, ck))
+    w, m = (None, None) if skip_wm else (_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device))
+    bwt = None if skip_wm and not derives_states(ks) else _empty(ck, q.dtype, q.device)
+    kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device) for shape in (ck, ck if for_bwd else cc, cc, ck))
     egc = _empty((n_slots, H, K), torch.float32, q.device)
     x4, x5, x6 = ((_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device), _empty(cc, q.dtype, q.device))
                   if for_bwd else (None, None, None))
+    # the skipped outputs' arguments: one valid element for the kernel's masked-off stores
+    stub = _empty((1,), q.dtype, q.device) if skip_wm else None
+    w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
     getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
-        q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, *([x4, x5, x6, int(not skip_wm)] if for_bwd else []),
+        q, k, a, b, gk, w_, m_, bwt_, kwt, egc, x1, x2, x3, *([x4, x5, x6, int(not skip_wm)] if for_bwd else []),
         *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
-    return Prep(None if skip_wm else w, None if skip_wm else m, None if skip_bwt else bwt, kwt, egc, x1, x2, x3,
-                x4, x5, x6)
+    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6)
 
 
 def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True):

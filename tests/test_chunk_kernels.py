@@ -451,7 +451,7 @@ def test_backward_prep_without_the_states_pass_operands(derive):
     tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_v=16, states_every=32 if derive else None)}
     ks = load(v, tune)
     x = {n: t.to(DEVICE) for n, t in rwkv7_inputs(2, 45, 2, 32, 32, dtype=torch.float32).items()}
-    args = (ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], None, 2 * 3)
+    args = (ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], None, 2 * 3)  # slots: 2 sequences x 3 chunks
     chunk_driver.POISON = True
     try:
         full = chunk_driver.chunk_prep(*args, for_bwd=True)
