@@ -8,11 +8,12 @@ with `dplr_gen.build`, and then measured in a fresh worker process per spec (an 
 setting cannot poison the others):
   accuracy  bf16, B=2, T=512, H=2, RWKV-7 inputs, outputs poisoned: relative-norm error of o, final state and
             every gradient against the float64 reference (computed once per head dim);
-  time      do_bench medians of each stage alone: prep (chunk_dplr_prep_kernel), fwd (prep + the state pass), states (the
-            backward's states-only pass), prep_bwd, prep_bwd_kept (the same where the forward kept the
-            states: no W, M), bwd_dh (the reverse state
-            pass), bwd (the chunk-parallel token pass), at (4, 4096, 32, 64) for D=64 and (8, 2048, 16, 128)
-            for D=128, bounded gate -0.61.
+  time      do_bench medians of each stage alone: prep (chunk_dplr_prep_kernel), fwd (prep + the state pass),
+            states (the backward's states-only pass), prep_bwd, prep_bwd_kept (the same where the forward kept
+            the states: no W, M), prep_both (the backward's prep writing the forward's operands too),
+            fwd_kept (the forward keeping the states, its own prep), fwd_train (the same with prep_both),
+            bwd_dh (the reverse state pass), bwd (the chunk-parallel token pass), at (4, 4096, 32, 64) for D=64
+            and (8, 2048, 16, 128) for D=128, bounded gate -0.61.
 --ignore-warp-caps drops the quirk registry's stage num_warps caps for the sweep, so that a cap can be
 re-examined on the hardware (the accuracy column then says whether the capped setting is actually wrong).
 Writes $OUT/tune_<date>.json and prints, per stage, the settings ranked by time (wrong ones marked).
@@ -137,6 +138,11 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
             "prep_bwd": lambda: drv.chunk_prep(*prep_args, for_bwd=True),
             # as the backward runs it where the forward kept the states (no states pass: no W, M)
             "prep_bwd_kept": lambda: drv.chunk_prep(*prep_args, for_bwd=True, pass_ops=False),
+            # as a forward that keeps the states for a backward runs it: one prep for both directions
+            "prep_both": lambda: drv.chunk_prep(*prep_args, for_bwd=True, fwd_ops=True),
+            # the forward keeping the states (for disable_recompute=True) with its own prep, and with the backward's
+            "fwd_kept": lambda: drv.chunk_dplr_fwd(ks, info, *fwd_args, keep_states=True),
+            "fwd_train": lambda: drv.chunk_dplr_fwd(ks, info, *fwd_args, keep_states=True, prep_for_bwd=True),
             "bwd_dh": lambda: drv.chunk_dplr_bwd_dh(ks, info, saved, pr, do, dht),
             "bwd": lambda: drv.chunk_dplr_bwd_tokens(ks, info, saved, h, u, do, dh, dr, steps=steps),
         }

@@ -150,6 +150,8 @@ class Prep(NamedTuple):
     x4: torch.Tensor | None
     x5: torch.Tensor | None
     x6: torch.Tensor | None
+    # the backward's prep run by the forward (``fwd_ops``): the forward pass's view of it (x1 to x3 its own)
+    fwd: "Prep | None" = None
 
 
 def state_step_operands(pr: Prep) -> tuple[torch.Tensor, ...]:
@@ -160,36 +162,52 @@ def state_step_operands(pr: Prep) -> tuple[torch.Tensor, ...]:
 
 
 def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False,
-               chunk_map: torch.Tensor | None = None, pass_ops: bool = True) -> Prep:
+               chunk_map: torch.Tensor | None = None, pass_ops: bool = True, fwd_ops: bool = False) -> Prep:
     """The chunk-parallel, state-independent work (see ``Prep``), for the forward or (``for_bwd``) for the
     backward's passes. ``pass_ops=False`` (backward only, where the forward kept the states): W, M and, unless
     the token pass derives states with it, (B e^..)^T are neither written nor allocated (None in ``Prep``):
     only the states pass reads them. H100, bf16, that prep alone: 1.31 -> 1.18 ms at (8, 4096, 64, 64), 0.343 ->
-    0.312 at (4, 4096, 32, 64), 0.338 -> 0.331 at (8, 2048, 16, 128) (docs/perf_notes.md 41)."""
+    0.312 at (4, 4096, 32, 64), 0.338 -> 0.331 at (8, 2048, 16, 128) (docs/perf_notes.md 41).
+    ``fwd_ops=True`` (backward's prep with every output, run by a forward that keeps the states for the
+    backward): it also writes the forward pass's A_qk, A_qb and Q e^gamma, and ``fwd`` of the result is the
+    forward's view of it; one prep then serves both directions (docs/perf_notes.md 42)."""
     _, T, H, K = q.shape
     C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
     skip_wm = for_bwd and not pass_ops
+    if fwd_ops and (skip_wm or not for_bwd):
+        raise ValueError("fwd_ops: only the backward's prep with the states pass's operands (pass_ops) writes "
+                         "the forward's operands too")
     w, m = (None, None) if skip_wm else (_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device))
     bwt = None if skip_wm and not derives_states(ks) else _empty(ck, q.dtype, q.device)
     kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device) for shape in (ck, ck if for_bwd else cc, cc, ck))
     egc = _empty((n_slots, H, K), torch.float32, q.device)
     x4, x5, x6 = ((_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device), _empty(cc, q.dtype, q.device))
                   if for_bwd else (None, None, None))
+    fx = tuple(_empty(shape, q.dtype, q.device) for shape in (cc, cc, ck)) if fwd_ops else None
     # the skipped outputs' arguments: one valid element for the kernel's masked-off stores
-    stub = _empty((1,), q.dtype, q.device) if skip_wm else None
+    stub = _empty((1,), q.dtype, q.device) if skip_wm or (for_bwd and not fwd_ops) else None
     w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
+    bwd_args = [x4, x5, x6, int(not skip_wm), *(fx or (stub,) * 3), int(fwd_ops)] if for_bwd else []
     getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
-        q, k, a, b, gk, w_, m_, bwt_, kwt, egc, x1, x2, x3, *([x4, x5, x6, int(not skip_wm)] if for_bwd else []),
+        q, k, a, b, gk, w_, m_, bwt_, kwt, egc, x1, x2, x3, *bwd_args,
         *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
-    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6)
+    fwd = Prep(w, m, bwt, kwt, egc, *fx, None, None, None) if fx else None
+    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, fwd)
 
 
-def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True):
+def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True,
+                   prep_for_bwd: bool = False):
     """Returns (o, final_state [N, H, K, V] fp32, saved): the chunk-parallel prep (A matrices,
     (I - A_ab)^-1 and its products), then the sequential state pass, which also writes O and, if
     ``keep_states``, the state entering every token-pass chunk (``h``, see ``states_shape``) and U (as v)
-    into ``saved`` for the backward (else ``saved`` holds no states and the backward recomputes them)."""
+    into ``saved`` for the backward (else ``saved`` holds no states and the backward recomputes them).
+    ``prep_for_bwd`` (with ``keep_states``, for a backward to come): the forward runs the backward's prep,
+    which writes the forward's operands too, and ``saved["prep"]`` keeps what the backward's passes read of it,
+    so the backward runs no prep: one launch and one read of q, k, a, b, gk less, for ~4.75 [B, T, H, K]
+    tensors (K = 64; ~3.9 at K = 128) held from the forward to the backward instead of allocated in it."""
+    if prep_for_bwd and not keep_states:
+        raise ValueError("prep_for_bwd: only a forward that keeps the states (keep_states) runs the backward's prep")
     B, T, H, K = q.shape
     V = v_.shape[-1]
     dev = q.device
@@ -203,7 +221,14 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
                                scale, cu_seqlens)
     N, n_slots = saved["N"], saved["n_slots"]
     ht = _empty((N, H, K, V), torch.float32, dev)
-    pr = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
+    if prep_for_bwd:
+        full = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, for_bwd=True, chunk_map=saved["chunk_map"],
+                          fwd_ops=True)
+        pr = full.fwd
+        # what the reverse pass (and a deriving token pass) reads; W, M and the forward's own operands die here
+        saved["prep"] = full._replace(w=None, m=None, bwt=full.bwt if derives_states(ks) else None, fwd=None)
+    else:
+        pr = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
     getattr(ks, name)[(N * H, _cdiv(V, bv))](
         pr.x3, pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, initial_state, h, ht, u,
@@ -218,7 +243,8 @@ def states_shape(ks, v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None
 
 def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens) -> dict:
     """What the backward needs: the inputs, the initial state and ``states`` = (the chunk-start states
-    ``h``, U) from the forward, or None: the backward then recomputes them (no O). Varlen: the slot maps of
+    ``h``, U) from the forward, or None: the backward then recomputes them (no O); ``prep``: the backward's
+    prep where the forward ran it (``chunk_dplr_fwd``'s prep_for_bwd), else None. Varlen: the slot maps of
     the chunk-parallel kernels (C-token chunks; the token pass's TC-token chunks), built once here."""
     C, TC = v.chunk_size, token_chunk(ks)
     N, n_slots = _layout(C, q, cu_seqlens)
@@ -228,7 +254,7 @@ def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: 
         chunk_map = chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
         tchunk_map = chunk_map if TC == C else chunk_map_from_cu_seqlens(cu_seqlens, TC, n_tslots)
     return {
-        "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h0": initial_state, "states": states,
+        "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h0": initial_state, "states": states, "prep": None,
         "scale": float(scale), "cu_seqlens": cu_seqlens, "chunk_map": chunk_map, "N": N, "n_slots": n_slots,
         "TC": TC, "tchunk_map": tchunk_map, "n_tslots": n_tslots,
         "n_hslots": _layout(states_every(ks), q, cu_seqlens)[1],
@@ -320,13 +346,16 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
 
 def chunk_dplr_bwd(ks, v, saved, do, dht):
     """Returns (dq, dk, dv, da, db, dgk, dh0): gradients in the input dtypes, dgk in the gate dtype, dh0 fp32.
-    Launches: the backward prep; the states pass if ``saved`` has no states; the reverse pass (which also
-    writes dv); the token pass."""
+    Launches: the backward prep (unless the forward ran it: ``saved['prep']``); the states pass if ``saved``
+    has no states; the reverse pass (which also writes dv); the token pass."""
     do = do.contiguous()
     q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
     recomputed = saved["states"] is None  # else h and U are the forward's, saved by autograd: read only
-    pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
-                    chunk_map=saved["chunk_map"], pass_ops=recomputed)
+    # the forward's run of this prep, if it made one: taken out of ``saved``, so that it is freed with ``pr``
+    pr = saved.pop("prep", None)
+    if pr is None or recomputed:
+        pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
+                        chunk_map=saved["chunk_map"], pass_ops=recomputed)
     # the token pass may read the state steps' operands: kept until it has run, the rest freed before it
     steps = state_step_operands(pr) if derives_states(ks) else ()
     if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1]):

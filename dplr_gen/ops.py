@@ -20,6 +20,9 @@ from . import fused_recurrent_driver
 if TYPE_CHECKING:
     from .runtime import SpecPackage
 
+# benchmarks (A/B): False keeps a forward that keeps the states from running the backward's prep (_EagerOp)
+PREP_IN_FORWARD = True
+
 OP_NAMES = ("chunk_dplr_delta_rule", "chunk_rwkv7", "fused_recurrent_dplr_delta_rule", "fused_recurrent_rwkv7")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 TORCH_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
@@ -212,18 +215,47 @@ def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
 #     its first call imports torch._dynamo (and sympy): 1 s here, 5 s on the H100 machine, most of a cold start.
 
 
+def _chunk_fwd_run(
+    pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
+    keep_states: bool, prep_for_bwd: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+    """(o, final state, then the chunk-start states h and U if ``keep_states``, else two empty tensors, then
+    the backward's prep if ``prep_for_bwd``: see chunk_driver.chunk_dplr_fwd)."""
+    from . import chunk_driver
+
+    ks, var = _kernels(pkg, variant, q.device)
+    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens, keep_states,
+                                                prep_for_bwd)
+    h, u = saved["states"] if keep_states else (h0.new_empty(0), v.new_empty(0))
+    return o, ht, h, u, saved["prep"]
+
+
 def _chunk_fwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
     keep_states: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, final state, then the chunk-start states h and U if ``keep_states``, else two empty tensors)."""
+    return _chunk_fwd_run(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, keep_states)[:4]
+
+
+def _chunk_bwd_run(
+    pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
+    do: torch.Tensor, dht: Optional[torch.Tensor], h: Optional[torch.Tensor], u: Optional[torch.Tensor],
+    prep: Optional[list[Any]] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of (q, k, v, a, b, gk, h0); the chunk-start states ``h`` and U are recomputed unless given,
+    and so is the backward's prep unless ``prep`` holds the forward's run of it. It is taken out of that list
+    here, so that only ``saved`` refers to it and the backward frees it before its token pass."""
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
-    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens, keep_states)
-    h, u = saved["states"] if keep_states else (h0.new_empty(0), v.new_empty(0))
-    return o, ht, h, u
+    kept = (h, u) if h is not None and h.numel() > 0 and u is not None else None
+    saved = chunk_driver.saved_for_backward(ks, var, q, k, v, a, b, gk, h0, kept, scale, cu_seqlens)
+    saved["prep"] = prep.pop() if prep else None
+    return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
 
 
 def _chunk_bwd_impl(
@@ -232,12 +264,7 @@ def _chunk_bwd_impl(
     do: torch.Tensor, dht: Optional[torch.Tensor], h: Optional[torch.Tensor], u: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of (q, k, v, a, b, gk, h0); the chunk-start states ``h`` and U are recomputed unless given."""
-    from . import chunk_driver
-
-    ks, var = _kernels(pkg, variant, q.device)
-    kept = (h, u) if h is not None and h.numel() > 0 and u is not None else None
-    saved = chunk_driver.saved_for_backward(ks, var, q, k, v, a, b, gk, h0, kept, scale, cu_seqlens)
-    return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
+    return _chunk_bwd_run(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, h, u)
 
 
 def _fused_fwd_impl(
@@ -304,10 +331,12 @@ def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.save_for_backward(q, k, v, a, b, gk, h0, cu_seqlens, h, u)
 
 
-def _grads(ctx: Any, op: str, do: torch.Tensor, dht: Optional[torch.Tensor], bwd: Any) -> tuple[Any, ...]:
+def _grads(ctx: Any, op: str, do: torch.Tensor, dht: Optional[torch.Tensor], bwd: Any,
+           **kw: Any) -> tuple[Any, ...]:
     pkg, variant, scale = ctx.meta
     q, k, v, a, b, gk, h0, cu_seqlens, h, u = ctx.saved_tensors
-    return bwd(pkg, _backward_variant(op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, h, u)
+    return bwd(pkg, _backward_variant(op, pkg, variant), q, k, v, a, b, gk, h0, cu_seqlens, scale, do, dht, h, u,
+               **kw)
 
 
 def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor], _dh: Any, _du: Any) -> tuple[Any, ...]:
@@ -327,18 +356,31 @@ torch.library.register_autograd("dplr_gen::fused_recurrent_fwd", _fused_backward
 
 
 class _EagerOp(torch.autograd.Function):
-    """The same forward and backward as the custom ops, called directly (see the note on implementations)."""
+    """The same forward and backward as the custom ops, called directly (see the note on implementations).
+    One thing more: where the forward keeps the states for a backward (``disable_recompute=True``, grad mode on
+    and an input that needs a gradient), it also runs the backward's prep and hands it to the first backward,
+    which frees it before its token pass (chunk_driver.chunk_dplr_fwd's prep_for_bwd). The custom ops cannot:
+    what autograd saves for them lives until the whole backward is done, i.e. through the token pass, the
+    backward's peak."""
 
     @staticmethod
-    def forward(ctx: Any, op: str, keep_states: bool, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        out = _chunk_fwd_impl(*args, keep_states) if op == "chunk" else _fused_fwd_impl(*args)
+    def forward(ctx: Any, op: str, keep_states: bool, prep_for_bwd: bool, *args: Any
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.prep = []  # the forward's run of the backward's prep, if any: taken by the first backward
+        if op == "chunk":
+            *out, prep = _chunk_fwd_run(*args, keep_states, prep_for_bwd)
+            if prep is not None:
+                ctx.prep.append(prep)
+        else:
+            out = _fused_fwd_impl(*args)
         _save_inputs(ctx, args, out)
         ctx.op = op
         return out[0], out[1]
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
-        return (None, None, None, None, *_grads(ctx, ctx.op, do, dht, _chunk_bwd_impl), None, None)
+        grads = _grads(ctx, ctx.op, do, dht, _chunk_bwd_run, prep=ctx.prep)
+        return (None, None, None, None, None, *grads, None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -368,7 +410,9 @@ def _run(
     # the package travels as its folder path: custom ops take plain strings, and paths are unique
     pkg, keep = str(package.dir), bool(keep_states) and op == "chunk"
     if not torch.compiler.is_compiling():
-        o, ht = _EagerOp.apply(op, keep, pkg, variant, *args, cu, info["scale"])
+        # a backward will follow: the forward that keeps the states runs the backward's prep too (_EagerOp)
+        train = keep and PREP_IN_FORWARD and torch.is_grad_enabled() and any(t.requires_grad for t in args)
+        o, ht = _EagerOp.apply(op, keep, train, pkg, variant, *args, cu, info["scale"])
     elif op == "chunk":
         o, ht, _, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep)
     else:

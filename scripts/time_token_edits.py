@@ -39,7 +39,8 @@ DTYPES = {"*bf16": torch.bfloat16, "*fp16": torch.float16, "*fp32": torch.float3
 # what each kernel writes (compared with the shipped form's)
 OUTPUTS = {"bwd": frozenset({"dq", "dk", "da", "db", "dg"}),
            "prep": frozenset({"w", "m", "bwt", "kwt", "egc", "aqk", "aqb", "qw"}),
-           "prep_bwd": frozenset({"w", "m", "bwt", "kwt", "egc", "y", "p", "qwt", "awt", "aqkt", "aakt"})}
+           "prep_bwd": frozenset({"w", "m", "bwt", "kwt", "egc", "y", "p", "qwt", "awt", "aqkt", "aakt", "aqk", "aqb",
+                                  "qw"})}
 # what the preps write per chunk slot (their signatures' names): at most a [C, K] tile each ([C, C], [K, C], [K])
 PREP_OUTPUTS = OUTPUTS["prep"] | OUTPUTS["prep_bwd"]
 
@@ -55,8 +56,8 @@ def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: st
             args.append(K ** -0.5)
         elif name in ("T", "H"):
             args.append(T if name == "T" else H)
-        elif ty == "i32":  # an on/off switch (the backward prep's store_pass_ops): on, as a recompute runs it
-            args.append(1)
+        elif ty == "i32":  # the backward prep's on/off switches, as a recompute runs it: store_pass_ops on,
+            args.append(int(name != "store_fwd_ops"))  # store_fwd_ops (the forward's operands) off
         elif name == "gk":
             args.append((-torch.rand(B, T, H, K, generator=g, device=dev) * 0.6).to(DTYPES[ty]))
         elif name in ("dq", "dk", "da", "db", "dg"):

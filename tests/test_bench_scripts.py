@@ -448,7 +448,7 @@ def test_time_token_edits_sizes_the_preps_outputs_per_chunk_slot() -> None:
     unit = mod.import_source(repo / "generated" / "hopper" / "chunk_bf16_k64_v64_c16_dense_gbm0p61_gbf16_sfp32"
                              / "sm_90.py", "unit_prep_sizes")
     B, T, H, K, C = 2, 37, 3, 64, 16
-    inputs = {"q", "k", "v", "a", "b", "gk", "T", "H", "store_pass_ops"}
+    inputs = {"q", "k", "v", "a", "b", "gk", "T", "H", "store_pass_ops", "store_fwd_ops"}
     for key in ("prep", "prep_bwd"):
         sig = unit.SIGNATURES[mod.KERNELS[key]]
         assert set(sig) - inputs == set(sig) & mod.PREP_OUTPUTS, key  # every output named, no input taken for one
@@ -456,7 +456,8 @@ def test_time_token_edits_sizes_the_preps_outputs_per_chunk_slot() -> None:
         for name in set(sig) & mod.PREP_OUTPUTS:
             assert args[name].shape == (B * 3, H, C, K), (key, name)
         assert args["q"].shape == (B, T, H, K) and args["T"] == T
-    assert args["store_pass_ops"] == 1  # the backward prep as a recompute runs it: every output written
+    # the backward prep as a recompute runs it: every output of its own written, not the forward's
+    assert args["store_pass_ops"] == 1 and args["store_fwd_ops"] == 0
 
 
 def test_step_closures_time_the_op_and_every_input_gradient() -> None:

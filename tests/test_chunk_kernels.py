@@ -133,7 +133,7 @@ def load(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> DevKernelSet:
 
 
 def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=None, flags=None, seed=None,
-             keep_states=True, scale=None, gates=None):
+             keep_states=True, scale=None, gates=None, prep_for_bwd=False):
     """Forward + backward through the kernels vs float64 autograd of the reference; returns {name: rel err}.
     keep_states=False: the training path, whose backward recomputes the states from its own prep's W and M.
     scale: the output scale (default K^-0.5). gates: a function that edits gk [B, T, H, K] in place."""
@@ -178,7 +178,7 @@ def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=Non
     chunk_driver.POISON = True
     try:
         o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], scale,
-                                                    h0.float().to(DEVICE), cu, keep_states)
+                                                    h0.float().to(DEVICE), cu, keep_states, prep_for_bwd)
         dq, dk, dv, da, db, dg, dh0 = chunk_driver.chunk_dplr_bwd(ks, v, saved, do.to(dt).to(DEVICE),
                                                                   dht.float().to(DEVICE))
     finally:
@@ -463,6 +463,53 @@ def test_backward_prep_without_the_states_pass_operands(derive):
         a, b = getattr(full, name), getattr(lean, name)
         if b is not None:
             assert not a.isnan().any() and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("derive,lens,gate_bound", [(False, None, -0.6065), (True, [5, 31, 50, 16], -0.6065),
+                                                     (False, [1, 17, 40], None)],
+                         ids=["dense", "varlen-deriving", "varlen-anygate"])
+def test_forward_runs_the_backward_prep(monkeypatch, derive, lens, gate_bound):
+    """prep_for_bwd: the forward that keeps the states runs the backward's prep (which also writes the forward's
+    operands) and the backward runs none. o, the final state and every gradient are those of the forward and
+    backward that each run their own prep, to the bit, on NaN-poisoned buffers; what the forward keeps of that
+    prep holds no W and M (nor (B e^..)^T unless the token pass derives states with it)."""
+    v = make_variant("fp32", K=32, V=32, chunk_size=16, varlen=lens is not None, gate_bound=gate_bound)
+    tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_v=16, states_every=32 if derive else None)}
+    ks = load(v, tune)
+    torch.manual_seed(7)
+    B, T = (2, 45) if lens is None else (1, sum(lens))
+    cu = None if lens is None else torch.tensor([0, *itertools_accumulate(lens)], dtype=torch.int32).to(DEVICE)
+    N = B if lens is None else len(lens)
+    x = {n: t.to(DEVICE) for n, t in rwkv7_inputs(B, T, 2, 32, 32, dtype=torch.float32).items()}
+    h0 = torch.randn(N, 2, 32, 32, device=DEVICE)
+    do, dht = torch.randn_like(x["v"]), torch.randn_like(h0)
+    runs = []
+    real = chunk_driver.chunk_prep
+    monkeypatch.setattr(chunk_driver, "chunk_prep",
+                        lambda *a, **k: runs.append(k.get("for_bwd", False)) or real(*a, **k))
+    out = {}
+    chunk_driver.POISON = True
+    try:
+        for prep_for_bwd in (False, True):
+            runs.clear()
+            o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 0.3,
+                                                        h0, cu, True, prep_for_bwd)
+            pr = saved["prep"]
+            assert (pr is not None) == prep_for_bwd and runs == [prep_for_bwd]
+            if pr is not None:
+                assert pr.w is None and pr.m is None and pr.fwd is None and (pr.bwt is not None) == derive
+            out[prep_for_bwd] = (o, ht, *chunk_driver.chunk_dplr_bwd(ks, v, saved, do, dht))
+            assert runs == ([True] if prep_for_bwd else [False, True]) and "prep" not in saved
+    finally:
+        chunk_driver.POISON = False
+    for name, a, b in zip(NAMES, out[False], out[True]):
+        assert not a.isnan().any() and torch.equal(a, b), name
+
+
+def test_forward_runs_the_backward_prep_against_the_reference():
+    """The same path against the float64 reference (fp16, varlen, any gate: the exact form's branch too)."""
+    v = make_variant("fp16", K=32, V=32, chunk_size=16, varlen=True, gate_bound=None)
+    check(run_case(v, H=2, lens=[3, 33, 20], extreme=True, prep_for_bwd=True), TOL["fp16"])
 
 
 def test_token_pass_derives_states_scale_zero():

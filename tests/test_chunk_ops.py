@@ -105,25 +105,36 @@ def test_t1_and_fla_keywords(pkg) -> None:
 def test_disable_recompute_keeps_the_states_and_changes_nothing(pkg, monkeypatch: pytest.MonkeyPatch,
                                                                  varlen: bool) -> None:
     """fla's disable_recompute=True: the backward uses the forward's chunk-start states and U (no states
-    pass) and gives bit-identical gradients, on every backward through the graph."""
+    pass) and gives bit-identical gradients, on every backward through the graph. The forward also runs the
+    backward's prep, which the first backward takes (no prep of its own) and a second one recomputes."""
     x = rwkv7_inputs(1, 40, 2, 32, dtype=torch.float32)
     kw: dict[str, Any] = {}
     if varlen:
         kw["cu_seqlens"] = torch.tensor([0, 17, 40], dtype=torch.int32)
         x["initial_state"] = torch.randn(2, 2, 32, 32)
-    calls = []
-    real = chunk_driver.chunk_states
+    calls, preps = [], []
+    real, real_prep = chunk_driver.chunk_states, chunk_driver.chunk_prep
     monkeypatch.setattr(chunk_driver, "chunk_states", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(chunk_driver, "chunk_prep",
+                        lambda *a, **k: preps.append(k.get("for_bwd", False)) or real_prep(*a, **k))
     results = {}
     for keep in (False, True):
         calls.clear()
+        preps.clear()
         o, ht, xs = run_op(pkg, x, disable_recompute=keep, **kw)
+        assert preps == [keep]  # the forward's prep: the backward's where the states are kept
         # twice through one graph: the kept states are read, never written over (the backward writes dq over
         # U only where it recomputed U itself)
-        for _ in range(2):
+        for i in range(2):
             torch.autograd.backward((o, ht), (torch.ones_like(o), torch.ones_like(ht)), retain_graph=True)
+            assert preps[1:] == [True] * (i + (not keep))  # kept: the first backward has the forward's prep
         results[keep] = [xs[n].grad / 2 for n in NAMES]
         assert len(calls) == (0 if keep else 2)  # the states-only pass runs only when nothing was kept
+        # without grad mode no backward can follow: the forward runs its own prep
+        preps.clear()
+        with torch.no_grad():
+            run_op(pkg, x, disable_recompute=keep, **kw)
+        assert preps == [False]
     for n, g0, g1 in zip(NAMES, results[False], results[True]):
         assert torch.equal(g0, g1), n
 

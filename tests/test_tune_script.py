@@ -27,7 +27,8 @@ def test_tune_dry_run_measures_every_setting(tmp_path: Path) -> None:
     for row in res["rows"]:
         assert "error" not in row, row
         assert max(row["err"].values()) < 1e-5  # fp32 interpreter vs the float64 reference
-        assert set(row["ms"]) == {"prep", "fwd", "states", "prep_bwd", "prep_bwd_kept", "bwd_dh", "bwd"} and all(t > 0 for t in row["ms"].values())
+        assert set(row["ms"]) == {"prep", "fwd", "states", "prep_bwd", "prep_bwd_kept", "prep_both",
+                                   "fwd_kept", "fwd_train", "bwd_dh", "bwd"} and all(t > 0 for t in row["ms"].values())
     # each stage saw both warp counts: the settings are offset, not repeated
     warps = {st: {res["settings"][r]["fwd"]["num_warps"] for r in res["settings"]} for st in ("fwd",)}
     assert warps["fwd"] == {2, 4}

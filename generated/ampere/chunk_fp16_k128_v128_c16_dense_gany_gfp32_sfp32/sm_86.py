@@ -283,7 +283,7 @@ def _load_inputs(q, k, a, b, gk, p, m):
 
 @triton.jit
 def _prep(
-    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, pass_ops,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, pass_ops, aqk, aqb, qw, fwd_ops,
     T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr,
 ):
@@ -298,7 +298,10 @@ def _prep(
     passes then load them instead of re-deriving the gates (a cumsum and three exponentials per step of a
     sequential loop), and the [K, C] ones come transposed, so no transpose enters the loop-carried state.
     pass_ops = 0 (the backward's prep where the forward kept the states): the states pass does not run, so W, M
-    and (B e^..)^T, its operands only, are not written (their pointers may be one element long)."""
+    and (B e^..)^T, its operands only, are not written (their pointers may be one element long).
+    fwd_ops != 0 (the backward's prep run by a forward that keeps the states: one prep for both passes): also
+    the forward's A_qk, A_qb [C, C] and Q e^gamma [C, K] into aqk, aqb, qw, as the forward's prep writes them
+    (else those pointers may be one element long)."""
     i_sh = tl.program_id(0)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
@@ -322,8 +325,11 @@ def _prep(
     tl.store(bwt + p_kc, (b_b * ed).to(bwt.dtype.element_ty), mask=m_k[None, :] & (keep_wm | TOKEN_DERIVES))
     tl.store(kwt + p_kc, (b_k * ed).to(kwt.dtype.element_ty), mask=m_k[None, :])
     tl.store(egc + (slot * H + i_h) * K + o_k[None, :], tl.exp(gC), mask=m_k[None, :])
+    keep_fwd = fwd_ops != 0
     if FOR_BWD:
-        tl.store(x3 + p_kc, (b_q * tl.exp(gam)).to(x3.dtype.element_ty), mask=m_k[None, :])
+        b_qw = (b_q * tl.exp(gam)).to(x3.dtype.element_ty)
+        tl.store(x3 + p_kc, b_qw, mask=m_k[None, :])
+        tl.store(qw + p_ck, b_qw, mask=m_k[None, :] & keep_fwd)
         tl.store(x4 + p_kc, (b_a * tl.exp(gamp)).to(x4.dtype.element_ty), mask=m_k[None, :])
     else:
         tl.store(x3 + p_ck, (b_q * tl.exp(gam)).to(x3.dtype.element_ty), mask=m_k[None, :])
@@ -332,19 +338,21 @@ def _prep(
     if _factorable(gam, gamp, BC):
         Aqk, Aqb, Aak, Aab = _chunk_A_factored(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
         _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck,
-                       p_cc, o_c, o_k, m_k, keep_wm, K, BC, FOR_BWD)
+                       p_cc, o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K, BC, FOR_BWD)
     else:
         Aqk, Aqb, Aak, Aab = _chunk_A_exact(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
         _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck,
-                       p_cc, o_c, o_k, m_k, keep_wm, K, BC, FOR_BWD)
+                       p_cc, o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K, BC, FOR_BWD)
 
 
 @triton.jit
 def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck, p_cc,
-                   o_c, o_k, m_k, keep_wm, K: tl.constexpr, BC: tl.constexpr, FOR_BWD: tl.constexpr):
+                   o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K: tl.constexpr, BC: tl.constexpr,
+                   FOR_BWD: tl.constexpr):
     """The prep's products of one chunk's A matrices: (I - A_ab)^-1 and what is formed with it (see _prep).
     fp32 products, rounded once when stored. Every row is written (rows past the chunk's end are zero), so
-    the state passes read no stale memory. keep_wm false (backward only): W and M are not written."""
+    the state passes read no stale memory. keep_wm false (backward only): W and M are not written; keep_fwd
+    (backward only): the forward's A_qk and A_qb are written too."""
     if FOR_BWD:
         Tm = _inv_unit_triangular(Aab, BC)
         # (the masked-off stores of W and M leave their products unused; they cost no memory traffic)
@@ -365,6 +373,9 @@ def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x
         tl.store(x2 + p_ccT, PT.to(x2.dtype.element_ty))
         tl.store(x5 + p_ccT, Aqk.to(x5.dtype.element_ty))
         tl.store(x6 + p_ccT, Aak.to(x6.dtype.element_ty))
+        m_fwd = (o_c[:, None] >= 0) & keep_fwd
+        tl.store(aqk + p_cc, Aqk.to(aqk.dtype.element_ty), mask=m_fwd)
+        tl.store(aqb + p_cc, Aqb.to(aqb.dtype.element_ty), mask=m_fwd)
         if PREP_BWD_W_LAST:
             tl.store(w + p_ck, _dot(Tm, b_a * tl.exp(gamp)).to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
     else:
@@ -387,17 +398,18 @@ def chunk_dplr_prep_kernel(
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     # x4 to x6 are not written by the forward's prep: qw stands in for them
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, T, H, K, BC, BK, False)
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, T, H, K, BC,
+          BK, False)
 
 
 @triton.jit
 def chunk_dplr_prep_bwd_kernel(
-    q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk, aqb, qw, store_fwd_ops,
     T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, T, H, K, BC,
-          BK, True)
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk, aqb, qw,
+          store_fwd_ops, T, H, K, BC, BK, True)
 
 
 @triton.jit
@@ -669,6 +681,7 @@ SIGNATURES = {
         "w": "*fp16", "m": "*fp16", "bwt": "*fp16", "kwt": "*fp16", "egc": "*fp32",
         "y": "*fp16", "p": "*fp16", "qwt": "*fp16", "awt": "*fp16",
         "aqkt": "*fp16", "aakt": "*fp16", "store_pass_ops": "i32",
+        "aqk": "*fp16", "aqb": "*fp16", "qw": "*fp16", "store_fwd_ops": "i32",
         "T": "i32", "H": "i32",
     },
     "chunk_dplr_bwd_dh_kernel": {
