@@ -2,7 +2,7 @@
 (--kernel prep, prep_bwd) one of its chunk-parallel preps.
 
     python scripts/time_token_edits.py generated/hopper/<unit>/sm_90.py --shape 4x4096x32 [--edits FILE.json]
-                                       [--kernel bwd|prep|prep_bwd]
+                                       [--kernel bwd|prep|prep_bwd] [--switch store_fwd_ops=1]
 
 An edit is a launch-option override ({"launch": {"maxnreg": 168}}), a constexpr override ({"consts": {"BV": 64}}),
 a grid G times smaller ({"grid_div": G}: a form whose programs each take G items) and/or text replacements in
@@ -45,8 +45,10 @@ OUTPUTS = {"bwd": frozenset({"dq", "dk", "da", "db", "dg"}),
 PREP_OUTPUTS = OUTPUTS["prep"] | OUTPUTS["prep_bwd"]
 
 
-def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: str = "cuda") -> list[Any]:
-    """Random inputs in the dtypes of the unit's signature (dense: no cu_seqlens), outputs allocated."""
+def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: str = "cuda",
+           switches: dict[str, int] | None = None) -> list[Any]:
+    """Random inputs in the dtypes of the unit's signature (dense: no cu_seqlens), outputs allocated; the i32
+    on/off switches as a recompute runs the kernel unless ``switches`` names them."""
     g = torch.Generator(device=dev).manual_seed(0)
     n = B * triton.cdiv(T, TC)
     scale = {"q": 0.5, "k": 0.5, "a": 0.1, "b": 0.1}
@@ -57,7 +59,8 @@ def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: st
         elif name in ("T", "H"):
             args.append(T if name == "T" else H)
         elif ty == "i32":  # the backward prep's on/off switches, as a recompute runs it: store_pass_ops on,
-            args.append(int(name != "store_fwd_ops"))  # store_fwd_ops (the forward's operands) off
+            # store_fwd_ops (the forward's operands) off
+            args.append((switches or {}).get(name, int(name != "store_fwd_ops")))
         elif name == "gk":
             args.append((-torch.rand(B, T, H, K, generator=g, device=dev) * 0.6).to(DTYPES[ty]))
         elif name in ("dq", "dk", "da", "db", "dg"):
@@ -88,9 +91,18 @@ def main() -> None:
     ap.add_argument("--shape", default="4x4096x32")
     ap.add_argument("--edits", type=Path, help="JSON: {name: {replace: [[old, new]], launch: {...}}}")
     ap.add_argument("--kernel", choices=sorted(KERNELS), default="bwd")
+    ap.add_argument("--switch", action="append", default=[], metavar="NAME=VALUE",
+                    help="an i32 switch's value, e.g. store_fwd_ops=1 (the backward prep as a forward that keeps "
+                         "the states runs it); default: as a recompute runs the kernel")
     args = ap.parse_args()
     kernel = KERNELS[args.kernel]
     B, T, H = (int(x) for x in args.shape.split("x"))
+    switches = {}
+    for sw in args.switch:
+        name, _, value = sw.partition("=")
+        if not value.lstrip("-").isdigit():
+            raise SystemExit(f"--switch {sw!r}: expected NAME=INTEGER, e.g. store_fwd_ops=1")
+        switches[name] = int(value)
     text = args.source.read_text()
     edits: dict[str, dict[str, Any]] = {"shipped": {}}
     if args.edits:
@@ -98,6 +110,9 @@ def main() -> None:
     base = import_source(args.source, "unit_shipped")
     consts, launch0 = base.CONSTEXPRS[kernel], base.LAUNCH[kernel]
     K = consts["K"]
+    unknown = set(switches) - {n for n, ty in base.SIGNATURES[kernel].items() if ty == "i32" and n not in ("T", "H")}
+    if unknown:
+        raise SystemExit(f"--switch: {sorted(unknown)} not an on/off switch of {kernel}")
     if "cu_seqlens" in base.SIGNATURES[kernel]:
         raise SystemExit("dense units only")
     xs_by_tc: dict[int, list[Any]] = {}
@@ -114,7 +129,7 @@ def main() -> None:
         kconsts = {**consts, **e.get("consts", {})}
         tc = kconsts["BC"]  # the kernel's chunk (the token pass's: h and dh hold one state per tc tokens)
         if tc not in xs_by_tc:
-            xs_by_tc[tc] = inputs(base.SIGNATURES[kernel], B, T, H, K, tc)
+            xs_by_tc[tc] = inputs(base.SIGNATURES[kernel], B, T, H, K, tc, switches=switches)
         xs = xs_by_tc[tc]
         nkb = triton.cdiv(K, kconsts["BK"]) if args.kernel == "bwd" else 1  # token pass: a program per K block
         grid = (triton.cdiv(B * triton.cdiv(T, tc) * H * nkb, e.get("grid_div", 1)),)
@@ -152,9 +167,11 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     stem = "token" if args.kernel == "bwd" else args.kernel
-    (out / f"{stem}_edits_{args.shape}.json").write_text(json.dumps({
-        "source": str(args.source), "kernel": kernel, "shape": [B, T, H, K], "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, indent=1))
+    tag = "".join(f"_{n}{v}" for n, v in sorted(switches.items()))
+    (out / f"{stem}_edits_{args.shape}{tag}.json").write_text(json.dumps({
+        "source": str(args.source), "kernel": kernel, "shape": [B, T, H, K], "switches": switches,
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -458,6 +458,9 @@ def test_time_token_edits_sizes_the_preps_outputs_per_chunk_slot() -> None:
         assert args["q"].shape == (B, T, H, K) and args["T"] == T
     # the backward prep as a recompute runs it: every output of its own written, not the forward's
     assert args["store_pass_ops"] == 1 and args["store_fwd_ops"] == 0
+    # --switch: as a forward that keeps the states runs it
+    shared = dict(zip(sig, mod.inputs(sig, B, T, H, K, C, dev="cpu", switches={"store_fwd_ops": 1})))
+    assert shared["store_pass_ops"] == 1 and shared["store_fwd_ops"] == 1
 
 
 def test_step_closures_time_the_op_and_every_input_gradient() -> None:

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# session 18, GPU calls 2 and 3 (`gpu2.sh s18_qwt`, `gpu2.sh s18_v2`): the forward pass reading (Q e^gamma)^T and
-# A_qk^T (the backward prep's layout) so the shared prep writes only A_qb extra (candidate, working tree) against
+# session 18, GPU calls 2 and 4 (`gpu2.sh s18_qwt`, `gpu2.sh s18_v2`; call 3 was `scripts/run_gpu.sh all`): the
+# forward pass reading (Q e^gamma)^T and A_qk^T (the backward prep's layout) so the shared prep writes only A_qb extra (candidate, working tree) against
 # commit 9f4ca3a (s18_base, built in .exp/s18/base): per stage (tune.py --package) and op level (bench.py --package,
 # dplr-fast and dplr-keep), alternating.
 # (.exp/s18/base held `git archive 9f4ca3a dplr_gen templates benchmarks scripts specs pyproject.toml` plus
 #  g/s18_base.yaml; the candidates are qwt_transposed.diff (s18_qwt) and qwt_transposed_v2.diff (s18_v2) applied to
-#  that commit; call 3's log and archive are named gpu3.log / s18_gpu3.tgz)
+#  that commit; call 4's log and archive are named gpu3.log / s18_gpu3.tgz)
 set -uo pipefail
 C=${1:-s18_qwt}
 export PYTHONUNBUFFERED=1
