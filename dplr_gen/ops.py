@@ -3,7 +3,8 @@
 Each call validates its arguments (errors name the argument), picks a built variant of the package, and runs
 torch.library custom ops (opaque to torch.compile, with fake implementations, so fullgraph works) whose
 autograd formula is the generated backward. The backward recomputes the forward's chunk states (and U)
-instead of keeping them alive between the passes, unless ``disable_recompute=True``.
+instead of keeping them alive between the passes, unless ``disable_recompute=True`` (in eager mode the forward
+then also runs the backward's prep for it: see _EagerOp).
 """
 
 from __future__ import annotations
@@ -430,7 +431,8 @@ def chunk_dplr_delta_rule(
     """Chunked DPLR delta rule. ``lower_bound`` promises gk >= lower_bound and selects a faster variant built
     for a bound at or below it; ``chunk_size`` prefers a variant of that chunk (results differ only by
     rounding); ``disable_recompute=True`` keeps the chunk-start states and U of the forward for the backward
-    instead of recomputing them ([T/C, H, K, V] per sequence: faster backward, more memory; same result);
+    instead of recomputing them ([T/C, H, K, V] per sequence: faster backward, more memory; same result), and in
+    eager mode with grad on the backward's prep too (~4-5 [B, T, H, K] tensors more until the backward);
     ``safe_gate`` is accepted for fla compatibility and changes nothing."""
     if unexpected:
         raise TypeError(f"chunk_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")
