@@ -204,8 +204,9 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     into ``saved`` for the backward (else ``saved`` holds no states and the backward recomputes them).
     ``prep_for_bwd`` (with ``keep_states``, for a backward to come): the forward runs the backward's prep,
     which writes the forward's operands too, and ``saved["prep"]`` keeps what the backward's passes read of it,
-    so the backward runs no prep: one launch and one read of q, k, a, b, gk less, for ~4.75 [B, T, H, K]
-    tensors (K = 64; ~3.9 at K = 128) held from the forward to the backward instead of allocated in it."""
+    so the backward runs no prep: one launch and one read of q, k, a, b, gk less, for ~4.8 [B, T, H, K]
+    tensors (K = 64; ~5.4 at K = 128, whose deriving token pass also reads (B e^..)^T) held from the forward to
+    the backward instead of allocated in it."""
     if prep_for_bwd and not keep_states:
         raise ValueError("prep_for_bwd: only a forward that keeps the states (keep_states) runs the backward's prep")
     B, T, H, K = q.shape

@@ -432,7 +432,7 @@ def chunk_dplr_delta_rule(
     for a bound at or below it; ``chunk_size`` prefers a variant of that chunk (results differ only by
     rounding); ``disable_recompute=True`` keeps the chunk-start states and U of the forward for the backward
     instead of recomputing them ([T/C, H, K, V] per sequence: faster backward, more memory; same result), and in
-    eager mode with grad on the backward's prep too (~4-5 [B, T, H, K] tensors more until the backward);
+    eager mode with grad on the backward's prep too (~5 [B, T, H, K] tensors more until the backward);
     ``safe_gate`` is accepted for fla compatibility and changes nothing."""
     if unexpected:
         raise TypeError(f"chunk_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")
