@@ -409,11 +409,12 @@ def _run(
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     # the package travels as its folder path: custom ops take plain strings, and paths are unique
-    pkg, keep = str(package.dir), bool(keep_states) and op == "chunk"
+    pkg = str(package.dir)
+    # the states are kept only for a backward to come (without one they would be written for nothing)
+    keep = bool(keep_states) and op == "chunk" and torch.is_grad_enabled() and any(t.requires_grad for t in args)
     if not torch.compiler.is_compiling():
-        # a backward will follow: the forward that keeps the states runs the backward's prep too (_EagerOp)
-        train = keep and PREP_IN_FORWARD and torch.is_grad_enabled() and any(t.requires_grad for t in args)
-        o, ht = _EagerOp.apply(op, keep, train, pkg, variant, *args, cu, info["scale"])
+        # the forward that keeps the states runs the backward's prep too (_EagerOp)
+        o, ht = _EagerOp.apply(op, keep, keep and PREP_IN_FORWARD, pkg, variant, *args, cu, info["scale"])
     elif op == "chunk":
         o, ht, _, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep)
     else:
@@ -432,7 +433,8 @@ def chunk_dplr_delta_rule(
     for a bound at or below it; ``chunk_size`` prefers a variant of that chunk (results differ only by
     rounding); ``disable_recompute=True`` keeps the chunk-start states and U of the forward for the backward
     instead of recomputing them ([T/C, H, K, V] per sequence: faster backward, more memory; same result), and in
-    eager mode with grad on the backward's prep too (~5 [B, T, H, K] tensors more until the backward);
+    eager mode the backward's prep too (~5 [B, T, H, K] tensors more until the backward); only where a backward
+    can follow (grad mode on, an input that requires grad): otherwise it changes nothing;
     ``safe_gate`` is accepted for fla compatibility and changes nothing."""
     if unexpected:
         raise TypeError(f"chunk_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")

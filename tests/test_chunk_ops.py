@@ -130,11 +130,16 @@ def test_disable_recompute_keeps_the_states_and_changes_nothing(pkg, monkeypatch
             assert preps[1:] == [True] * (i + (not keep))  # kept: the first backward has the forward's prep
         results[keep] = [xs[n].grad / 2 for n in NAMES]
         assert len(calls) == (0 if keep else 2)  # the states-only pass runs only when nothing was kept
-        # without grad mode no backward can follow: the forward runs its own prep
+        # without grad mode no backward can follow: the forward keeps nothing and runs its own prep
         preps.clear()
+        kept = []
+        real_fwd = chunk_driver.chunk_dplr_fwd
+        monkeypatch.setattr(chunk_driver, "chunk_dplr_fwd", lambda *a: kept.append(a[11]) or real_fwd(*a))
         with torch.no_grad():
-            run_op(pkg, x, disable_recompute=keep, **kw)
-        assert preps == [False]
+            o_ng, ht_ng, _ = run_op(pkg, x, disable_recompute=keep, **kw)
+        monkeypatch.setattr(chunk_driver, "chunk_dplr_fwd", real_fwd)
+        assert preps == [False] and kept == [False]
+        assert torch.equal(o_ng, o) and torch.equal(ht_ng, ht)
     for n, g0, g1 in zip(NAMES, results[False], results[True]):
         assert torch.equal(g0, g1), n
 
