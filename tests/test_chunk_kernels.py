@@ -506,6 +506,22 @@ def test_forward_runs_the_backward_prep(monkeypatch, derive, lens, gate_bound):
         assert not a.isnan().any() and torch.equal(a, b), name
 
 
+def test_shared_prep_refuses_inconsistent_requests():
+    """The forward's operands come only from the full backward prep, and only a forward that keeps the states
+    runs it: the other combinations are refused with the argument named, before any launch."""
+    v = make_variant("fp32", K=16, V=16, chunk_size=16)
+    ks = load(v)
+    x = rwkv7_inputs(1, 20, 1, 16, 16, dtype=torch.float32)
+    args = (ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], None, 2)
+    with pytest.raises(ValueError, match="fwd_ops"):
+        chunk_driver.chunk_prep(*args, fwd_ops=True)
+    with pytest.raises(ValueError, match="fwd_ops"):
+        chunk_driver.chunk_prep(*args, for_bwd=True, pass_ops=False, fwd_ops=True)
+    with pytest.raises(ValueError, match="prep_for_bwd"):
+        chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 1.0,
+                                    torch.zeros(1, 1, 16, 16), None, False, True)
+
+
 def test_forward_runs_the_backward_prep_against_the_reference():
     """The same path against the float64 reference (fp16, varlen, any gate: the exact form's branch too)."""
     v = make_variant("fp16", K=32, V=32, chunk_size=16, varlen=True, gate_bound=None)
