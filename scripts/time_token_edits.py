@@ -5,7 +5,8 @@
                                        [--kernel bwd|prep|prep_bwd] [--switch store_fwd_ops=1]
 
 An edit is a launch-option override ({"launch": {"maxnreg": 168}}), a constexpr override ({"consts": {"BV": 64}}),
-a grid G times smaller ({"grid_div": G}: a form whose programs each take G items) and/or text replacements in
+a grid G times smaller ({"grid_div": G}: a form whose programs each take G items), arguments passed as host-side
+TMA descriptors ({"desc": {"q": ["btc", [1, 16, 64]]}}, see as_descriptor) and/or text replacements in
 the unit's source ({"replace": [[old, new], ...]}): ablations (a part of the kernel removed, to see what it costs) and candidates
 alike. Each form is JIT-compiled from its own copy of the source and timed with triton.testing.do_bench on the
 same random bf16 inputs (never zeros); the medians, registers and spills Triton reports go to stdout and to
@@ -31,6 +32,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dplr_gen.compile import import_source  # noqa: E402
+from dplr_gen.runtime import _set_torch_allocator  # noqa: E402
 
 # the kernels this script can launch: each is one program per chunk slot and head (times K blocks for the token pass)
 KERNELS = {"bwd": "chunk_dplr_bwd_kernel", "prep": "chunk_dplr_prep_kernel", "prep_bwd": "chunk_dplr_prep_bwd_kernel"}
@@ -75,6 +77,15 @@ def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: st
     return args
 
 
+def as_descriptor(x: torch.Tensor, view: str, block: list[int]) -> Any:
+    """A host-side TMA descriptor over ``x`` (edit key "desc": {arg: [view, block]}): view "btc" is [B, T, H*K]
+    for a [B, T, H, K] tensor (rows past T read as zero and are never written), "rc" is [rows, last dim]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = x.flatten(2) if view == "btc" else x.reshape(-1, x.shape[-1])
+    return TensorDescriptor.from_tensor(x, block)
+
+
 def apply_edit(text: str, name: str, edit: dict[str, Any]) -> str:
     """The unit's source under one edit's text replacements (each must occur: an edit that silently matched
     nothing would time the unedited kernel under the edit's name)."""
@@ -96,6 +107,7 @@ def main() -> None:
                          "the states runs it); default: as a recompute runs the kernel")
     args = ap.parse_args()
     kernel = KERNELS[args.kernel]
+    _set_torch_allocator()  # global scratch for forms that build TMA descriptors on the device
     B, T, H = (int(x) for x in args.shape.split("x"))
     switches = {}
     for sw in args.switch:
@@ -138,8 +150,11 @@ def main() -> None:
         for x in outs.values():
             x.fill_(float("nan"))
 
+        kargs = [as_descriptor(x, *e["desc"][n]) if n in e.get("desc", {}) else x
+                 for n, x in zip(base.SIGNATURES[kernel], xs)]
+
         def run() -> None:
-            fn[grid](*xs, **kconsts, **launch)
+            fn[grid](*kargs, **kconsts, **launch)
 
         try:
             run()
