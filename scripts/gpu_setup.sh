@@ -16,7 +16,10 @@ TRITON_CACHE="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
 FLA_AUTOTUNE="${FLA_AUTOTUNE:-benchmarks/fla_autotune/h100_sm90_triton3.6.0_fla0.6.0.tgz}"
 if [ -f "$FLA_AUTOTUNE" ]; then
   mkdir -p "$TRITON_CACHE" && tar xzf "$FLA_AUTOTUNE" -C "$TRITON_CACHE" \
-    && export DPLR_BENCH_FLA_AUTOTUNE="$FLA_AUTOTUNE" && echo "restored fla's autotune choices from $FLA_AUTOTUNE"
+    && export DPLR_BENCH_FLA_AUTOTUNE="$(realpath "$FLA_AUTOTUNE")" \
+    && echo "restored fla's autotune choices from $FLA_AUTOTUNE"
+  # (absolute: an A/B script runs bench.py from another source tree's folder too; session 20's base runs
+  # could not open the relative path there)
 fi
 
 save_fla_autotune() {
