@@ -66,6 +66,9 @@ def fla_autotune_seed() -> dict[str, str] | None:
         return None
     import hashlib
 
+    if not Path(path).is_file():  # a run from another folder than the one that set it (an A/B's base tree)
+        raise FileNotFoundError(f"{FLA_AUTOTUNE_ENV}={path!r}: no such file from {os.getcwd()}; set it to the "
+                                "archive's absolute path (scripts/gpu_setup.sh does) or unset it")
     return {"path": path, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
 
 

@@ -399,6 +399,10 @@ def test_fla_autotune_seed_is_recorded(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv(C.FLA_AUTOTUNE_ENV, str(archive))
     assert C.fla_autotune_seed() == {
         "path": str(archive), "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}
+    # a path that does not resolve from here: the error names the variable, the path and the remedy
+    monkeypatch.setenv(C.FLA_AUTOTUNE_ENV, "no/such/fla.tgz")
+    with pytest.raises(FileNotFoundError, match=f"{C.FLA_AUTOTUNE_ENV}='no/such/fla.tgz'.*absolute path"):
+        C.fla_autotune_seed()
 
 
 def test_shipped_fla_autotune_archive_holds_only_autotune_results() -> None:
