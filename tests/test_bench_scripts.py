@@ -504,3 +504,47 @@ def test_source_digest_names_the_tree_not_git(tmp_path, monkeypatch) -> None:
     assert C.source_digest() == first  # docs do not change what ran
     (tmp_path / "templates/t.jinja").write_text("changed")
     assert C.source_digest() != first
+
+
+def test_ab_outputs_compare_names_every_difference(tmp_path: Path) -> None:
+    """scripts/ab_outputs.py --compare: identical files pass (0), a changed bit or a missing tensor fails (1) and
+    is named."""
+    spec = importlib.util.spec_from_file_location("ab_outputs", REPO / "scripts" / "ab_outputs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = {"s/dplr-fast/0/o": torch.randn(3, 4), "s/dplr-fast/0/dk": torch.randn(5)}
+    torch.save(a, tmp_path / "a.pt")
+    torch.save({k: v.clone() for k, v in a.items()}, tmp_path / "same.pt")
+    b = {k: v.clone() for k, v in a.items()}
+    b["s/dplr-fast/0/o"].view(-1)[7] = torch.nextafter(b["s/dplr-fast/0/o"].view(-1)[7], torch.tensor(math.inf))
+    del b["s/dplr-fast/0/dk"]
+    torch.save(b, tmp_path / "b.pt")
+    assert mod.main(["--compare", str(tmp_path / "a.pt"), str(tmp_path / "same.pt")]) == 0
+    assert mod.main(["--compare", str(tmp_path / "a.pt"), str(tmp_path / "b.pt")]) == 1
+
+
+@pytest.mark.slow
+def test_ab_gpu_dry_run_finishes_with_every_step(tmp_path: Path) -> None:
+    """scripts/ab_gpu.sh with DRY=1 on two trees of HEAD (scripts/ab_base.sh): it returns (session 20's GPU call
+    hung on a bare `wait` after `exec > >(tee)`), the outputs of the two trees compare bit-identical, and the
+    archive holds both builds' logs and both trees' op-level and per-stage JSON."""
+    import subprocess
+    import tarfile
+
+    for tree in ("base", "cand"):
+        subprocess.run([str(REPO / "scripts" / "ab_base.sh"), "HEAD", str(tmp_path / tree)], check=True,
+                       capture_output=True, timeout=60)
+    env = {**__import__("os").environ, "OUT": str(tmp_path / "out"), "DRY": "1", "ROUNDS": "1",
+           "SYSTEMS": "dplr-fast", "STAGES": "--chunks 16 --dims 64", "SPEC": "specs/hopper.yaml",
+           "BASE_DIR": str(tmp_path / "base"), "CAND_DIR": str(tmp_path / "cand")}
+    proc = subprocess.run([str(REPO / "scripts" / "ab_gpu.sh")], env=env, capture_output=True, text=True,
+                          timeout=400)
+    log = (tmp_path / "out" / "ab.log").read_text()
+    assert proc.returncode == 0, proc.stderr + log
+    assert "all bit-identical" in log and "== done at" in log, log
+    with tarfile.open(tmp_path / "out" / "ab.tgz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"build_base.log", "build_cand.log", "op_base_1.json", "op_cand_1.json", "stage_base_1.json",
+            "stage_cand_1.json"} <= names, names
+    # each tree built its own package (CAND_DIR: the candidate's is not this checkout's generated/)
+    assert all((tmp_path / t / "generated" / "hopper" / "index.json").is_file() for t in ("base", "cand"))

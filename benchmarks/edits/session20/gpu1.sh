@@ -3,8 +3,10 @@
 # pass and the derived dS step read them through transposed offsets; the shared prep then adds only A_qb).
 # Base: commit e05cde7's dplr_gen/templates/benchmarks unpacked in .exp/s20/base (package s19_base); candidate:
 # the working tree (package s19_qwc); both one-variant-group packages whose sources equal generated/hopper's.
-# 1. bit-for-bit outputs of both (dump_outputs.py); 2. op level (bench.py, dplr-fast / dplr-keep, fla-best in
-# the candidate's first round), alternating, two rounds; 3. per stage (tune.py --package) if time is left.
+# 1. bit-for-bit outputs of both (run as benchmarks/edits/session20/dump_outputs.py, since moved to
+# scripts/ab_outputs.py); 2. op level (bench.py, dplr-fast / dplr-keep, fla-best in the candidate's first
+# round), alternating, two rounds; 3. per stage (tune.py --package) if time is left. Generalised, with a CPU
+# dry run that the tests exercise: scripts/ab_base.sh and scripts/ab_gpu.sh.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUT/gpu1.log") 2>&1
@@ -24,9 +26,9 @@ P2=$!
 wait $P1 $P2  # (a bare `wait` also waits for the tee above, forever)
 echo "== builds done at $(( $(date +%s) - T0 )) s"; tail -n 3 "$OUT"/r/build_*.log
 for x in base qwc; do
-  run_in "$(dir $x)" timeout 90 python3 "$ROOT/benchmarks/edits/session20/dump_outputs.py" --package "$(pkg $x)" --out "/tmp/$x.pt"
+  run_in "$(dir $x)" timeout 90 python3 "$ROOT/scripts/ab_outputs.py" --package "$(pkg $x)" --out "/tmp/$x.pt"
 done
-python3 benchmarks/edits/session20/dump_outputs.py --compare /tmp/base.pt /tmp/qwc.pt 2>&1 | tail -n 20
+python3 scripts/ab_outputs.py --compare /tmp/base.pt /tmp/qwc.pt 2>&1 | tail -n 20
 echo "== equality done at $(( $(date +%s) - T0 )) s"
 SHAPES=4x4096x32x64,8x4096x64x64,8x2048x16x128
 for r in 1 2; do
