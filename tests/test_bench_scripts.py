@@ -525,14 +525,14 @@ def test_ab_outputs_compare_names_every_difference(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ab_gpu_dry_run_finishes_with_every_step(tmp_path: Path) -> None:
-    """scripts/ab_gpu.sh with DRY=1 on two trees of HEAD (scripts/ab_base.sh): it returns (session 20's GPU call
-    hung on a bare `wait` after `exec > >(tee)`), the outputs of the two trees compare bit-identical, and the
-    archive holds both builds' logs and both trees' op-level and per-stage JSON."""
+    """scripts/ab_gpu.sh with DRY=1 on two snapshots of this working tree (scripts/ab_base.sh --worktree): it
+    returns (session 20's GPU call hung on a bare `wait` after `exec > >(tee)`), the outputs of the two trees
+    compare bit-identical, and the archive holds both builds' logs and both trees' op-level and per-stage JSON."""
     import subprocess
     import tarfile
 
     for tree in ("base", "cand"):
-        subprocess.run([str(REPO / "scripts" / "ab_base.sh"), "HEAD", str(tmp_path / tree)], check=True,
+        subprocess.run([str(REPO / "scripts" / "ab_base.sh"), "--worktree", str(tmp_path / tree)], check=True,
                        capture_output=True, timeout=60)
     env = {**__import__("os").environ, "OUT": str(tmp_path / "out"), "DRY": "1", "ROUNDS": "1",
            "SYSTEMS": "dplr-fast", "STAGES": "--chunks 16 --dims 64", "SPEC": "specs/hopper.yaml",
