@@ -16,22 +16,23 @@ cd "$(dirname "$0")/.."
 : "${SPEC:?SPEC=the candidate spec path, relative to the repo root}"
 BASE_SPEC=${BASE_SPEC:-$SPEC}; BASE_DIR=${BASE_DIR:-.exp/ab/base}; DRY=${DRY:-0}
 SHAPES=${SHAPES:-4x4096x32x64,8x4096x64x64,8x2048x16x128}; ROUNDS=${ROUNDS:-2}
-STAGES=${STAGES---chunks 16 --dims 64 --time-shape 8x4096x64}  # (STAGES= : no stage timing); SYSTEMS=${SYSTEMS:-dplr-fast,dplr-keep}
+STAGES=${STAGES---chunks 16 --dims 64 --time-shape 8x4096x64}  # (STAGES= : no stage timing)
+SYSTEMS=${SYSTEMS:-dplr-fast,dplr-keep}
 ROOT=$PWD; TMP=$(mktemp -d)
 abs() { case $1 in /*) echo "$1" ;; *) echo "$ROOT/$1" ;; esac; }
 BASE_DIR=$(abs "$BASE_DIR"); CAND_DIR=$(abs "${CAND_DIR:-.}")
 case "$SPEC$BASE_SPEC" in /*) echo "ab_gpu.sh: give SPEC and BASE_SPEC relative to the repo root" >&2; exit 2 ;; esac
 [ -d "$BASE_DIR/dplr_gen" ] || { echo "ab_gpu.sh: no base tree in $BASE_DIR (scripts/ab_base.sh REF, then carry .exp)" >&2; exit 2; }
 [ -f "$SPEC" ] && [ -f "$BASE_SPEC" ] || { echo "ab_gpu.sh: spec $SPEC or $BASE_SPEC not found" >&2; exit 2; }
-export OUT="${OUT:-$PWD/out}" PYTHONUNBUFFERED=1
+export OUT="$(abs "${OUT:-out}")" PYTHONUNBUFFERED=1  # absolute: bench.py and tune.py write there from either tree
 mkdir -p "$OUT/ab"
 exec > >(tee -a "$OUT/ab.log") 2>&1
 T0=$(date +%s); END=$(( T0 + ${BUDGET:-540} ))
 left() { [ "$(date +%s)" -lt "$((END - $1))" ]; }
 DRY_OUTPUTS=""; DRY_BENCH=""
-[ "$DRY" = 1 ] && DRY_OUTPUTS="--device cpu --shapes 1x40x1x64" && DRY_BENCH="--dry-run"  # (tune.py: the same flag)
 if [ "$DRY" = 1 ]; then
   export TRITON_INTERPRET=1; FLA=0
+  DRY_OUTPUTS="--device cpu --shapes 1x40x1x64"; DRY_BENCH="--dry-run"  # (tune.py takes the same flag)
 else
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   . scripts/gpu_setup.sh  # the carried wheels into /tmp/site; fla's autotune choices restored
@@ -68,8 +69,8 @@ for r in $(seq "$ROUNDS"); do
     sys=$SYSTEMS; [ "${FLA:-1}" = 1 ] && [ $x = cand ] && [ "$r" = 1 ] && sys="$SYSTEMS,fla-best"
     in_tree $x timeout 240 python3 benchmarks/bench.py --package "${PKG[$x]}" --systems "$sys" --shapes "$SHAPES" \
       --no-accuracy --budget 230 $DRY_BENCH 2>&1 | grep -E '^ *[0-9]+x|^varlen|rror' | sed "s/^/$x r$r: /"
-    for f in "${DIR[$x]}"/bench_*.json "$OUT"/bench_*.json; do [ -f "$f" ] && mv "$f" "$OUT/ab/op_${x}_$r.json"; done
-    rm -f "${DIR[$x]}"/bench_*.png "$OUT"/bench_*.png
+    for f in "$OUT"/bench_*.json; do [ -f "$f" ] && mv "$f" "$OUT/ab/op_${x}_$r.json"; done
+    rm -f "$OUT"/bench_*.png
   done
 done
 echo "== op level done at $(( $(date +%s) - T0 )) s"
@@ -80,7 +81,7 @@ if [ -n "$STAGES" ]; then
       # shellcheck disable=SC2086
       in_tree $x timeout 85 python3 benchmarks/tune.py --package "${PKG[$x]}" $STAGES $DRY_BENCH 2>&1 | grep -E '^D=|FAIL|rror' \
         | sed "s/^/$x r$r: /"
-      for f in "${DIR[$x]}"/tune_*.json "$OUT"/tune_*.json; do [ -f "$f" ] && mv "$f" "$OUT/ab/stage_${x}_$r.json"; done
+      for f in "$OUT"/tune_*.json; do [ -f "$f" ] && mv "$f" "$OUT/ab/stage_${x}_$r.json"; done
     done
   done
 fi

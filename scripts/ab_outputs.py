@@ -17,16 +17,17 @@ import sys
 
 sys.path.insert(0, os.getcwd())
 
-DTYPES = ("bf16", "fp16", "fp32")
-
-
 def dump(package: str, out: str, shapes: list[str], device: str = "cuda", dtype: str = "bf16") -> int:
     """Run both systems on every shape and save every output under '<shape>/<system>/<call>/<quantity>'."""
     import torch
 
     from benchmarks import common as C
+    from dplr_gen.ops import DTYPE_NAMES
 
-    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    by_name = {n: t for t, n in DTYPE_NAMES.items()}
+    if dtype not in by_name:
+        raise SystemExit(f"--dtype {dtype!r}: give one of {', '.join(by_name)}")
+    tdtype = by_name[dtype]
     res: dict[str, torch.Tensor] = {}
     for text in shapes:
         sh = C.parse_shape(text, {})
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--package", help="the built package to dump (relative to the current folder)")
     ap.add_argument("--out", help="file to save the outputs to")
     ap.add_argument("--shapes", default="2x4096x4x64,2x2048x4x128,1x333x3x64", help="comma list of BxTxHxD")
-    ap.add_argument("--dtype", default="bf16", choices=DTYPES)
+    ap.add_argument("--dtype", default="bf16", help="the inputs' dtype: bf16, fp16 or fp32")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run under TRITON_INTERPRET=1")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two saved files instead")
     args = ap.parse_args(argv)

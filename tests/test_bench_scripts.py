@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import sys
 import textwrap
 import time
@@ -521,6 +522,8 @@ def test_ab_outputs_compare_names_every_difference(tmp_path: Path) -> None:
     torch.save(b, tmp_path / "b.pt")
     assert mod.main(["--compare", str(tmp_path / "a.pt"), str(tmp_path / "same.pt")]) == 0
     assert mod.main(["--compare", str(tmp_path / "a.pt"), str(tmp_path / "b.pt")]) == 1
+    with pytest.raises(SystemExit, match="--dtype 'fp8': give one of bf16, fp16, fp32"):
+        mod.main(["--package", "generated/hopper", "--out", str(tmp_path / "x.pt"), "--dtype", "fp8"])
 
 
 @pytest.mark.slow
@@ -535,13 +538,14 @@ def test_ab_gpu_dry_run_finishes_with_every_step(tmp_path: Path) -> None:
         subprocess.run([str(REPO / "scripts" / "ab_base.sh"), "--worktree", str(tmp_path / tree)], check=True,
                        capture_output=True, timeout=60)
     env = {**__import__("os").environ, "OUT": str(tmp_path / "out"), "DRY": "1", "ROUNDS": "1",
-           "SYSTEMS": "dplr-fast", "STAGES": "--chunks 16 --dims 64", "SPEC": "specs/hopper.yaml",
+           "STAGES": "--chunks 16 --dims 64", "SPEC": "specs/hopper.yaml",  # SYSTEMS: the default
            "BASE_DIR": str(tmp_path / "base"), "CAND_DIR": str(tmp_path / "cand")}
     proc = subprocess.run([str(REPO / "scripts" / "ab_gpu.sh")], env=env, capture_output=True, text=True,
                           timeout=400)
     log = (tmp_path / "out" / "ab.log").read_text()
     assert proc.returncode == 0, proc.stderr + log
     assert "all bit-identical" in log and "== done at" in log, log
+    assert re.search(r"^cand r1: \S+ +dplr-keep ", log, re.M), log  # the default SYSTEMS: dplr-keep timed too
     with tarfile.open(tmp_path / "out" / "ab.tgz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"build_base.log", "build_cand.log", "op_base_1.json", "op_cand_1.json", "stage_base_1.json",
