@@ -15,28 +15,42 @@ def _add(x, y):
 
 
 @gluon.jit
-def token_pass_gluon(
+def _iop(x, layout: gl.constexpr, BF16: gl.constexpr):
+    """An operand of the intra-chunk products: fp32 (tf32 products, as shipped) or rounded to bf16."""
+    if BF16:
+        return gl.convert_layout(x.to(gl.bfloat16), layout)
+    else:
+        return gl.convert_layout(x, layout)
+
+
+@gluon.jit
+def _token_pass(
     q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
     scale, T, H,
     K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
+    CC_SPLIT: gl.constexpr, LEAN: gl.constexpr, IBF16: gl.constexpr = False,
 ):
     # [C, K] accumulators and every elementwise tile: warps split K (16 columns each), a warp holds all C rows
     NW: gl.constexpr = gl.num_warps()
     MN: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW], instr_shape=[16, 8])
     # [C, C] products: every warp computes the whole 16 x 16 tile (replicated), so that their use as an A operand
     # later is warp-local
-    MR: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+    # (CC_SPLIT: the [C, C] products split over the warps like the [C, K] ones, not replicated)
+    if CC_SPLIT:
+        MR: gl.constexpr = MN
+    else:
+        MR: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     AN: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MN, k_width=2)
     BN: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MN, k_width=2)
     AR: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MR, k_width=2)
     BR: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MR, k_width=2)
     # tf32 operands of the intra-chunk products (fp32, as the shipped kernel's)
-    AN1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MN, k_width=1)
+    AN1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MN, k_width=2 if IBF16 else 1)
     # the scans over tokens (Triton lowers tt.scan on blocked layouts only): each warp keeps its 16 columns,
     # a thread 4 consecutive tokens, so that the conversions from and to MN stay within a warp
     SC: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, BK // NW // 8], threads_per_warp=[4, 8], warps_per_cta=[1, NW],
                                         order=[1, 0])
-    BN1: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MN, k_width=1)
+    BN1: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MN, k_width=2 if IBF16 else 1)
 
     i_sh = gl.program_id(0)
     i_h = i_sh % H
@@ -91,69 +105,168 @@ def token_pass_gluon(
     kn = gl.arange(0, BK, layout=gl.SliceLayout(0, MN))
     p_x = ((t0 + cn[:, None]) * H + i_h) * K + kn[None, :]
     m_x = (cn[:, None] < lenc) & (kn[None, :] < K)
+    g_raw = gl.load(gk + p_x, mask=m_x, other=0.).to(gl.float32)
     b_q = gl.load(q + p_x, mask=m_x, other=0.).to(gl.float32)
     b_k = gl.load(k + p_x, mask=m_x, other=0.).to(gl.float32)
     b_a = gl.load(a + p_x, mask=m_x, other=0.).to(gl.float32)
     b_b = gl.load(b + p_x, mask=m_x, other=0.).to(gl.float32)
-    g_raw = gl.load(gk + p_x, mask=m_x, other=0.).to(gl.float32)
-    g = gl.maximum(g_raw, GATE_BOUND)
-    gam = gl.convert_layout(gl.associative_scan(gl.convert_layout(g, SC), 0, _add), MN)
-    gamp = gam - g
-    gCv = gl.sum(g, 0)
-    gC = gl.expand_dims(gCv, 0)
-    ed = gl.exp(gC - gam)
-    Qw = (b_q * gl.exp(gam)).to(gl.bfloat16).to(gl.float32)
-    Aw = (b_a * gl.exp(gamp)).to(gl.bfloat16).to(gl.float32)
-    Bw = (b_b * ed).to(gl.bfloat16).to(gl.float32)
-    Kw = (b_k * ed).to(gl.bfloat16).to(gl.float32)
-    dgC = gl.exp(gCv) * dgS + gl.sum(Bw * dBw + Kw * dKw, 0)
+    if LEAN:
+        # every tile consumed as early as it can be: the state-path terms first, each output stored once final
+        keep_g = g_raw >= GATE_BOUND
+        g = gl.maximum(g_raw, GATE_BOUND)
+        gam = gl.convert_layout(gl.associative_scan(gl.convert_layout(g, SC), 0, _add), MN)
+        gamp = gam - g
+        gCv = gl.sum(g, 0)
+        ed = gl.exp(gl.expand_dims(gCv, 0) - gam)
+        Bw = (b_b * ed).to(gl.bfloat16).to(gl.float32)
+        Kw = (b_k * ed).to(gl.bfloat16).to(gl.float32)
+        dgC = gl.exp(gCv) * dgS + gl.sum(Bw * dBw + Kw * dKw, 0)
+        dQw = dQw * scale
+        egam = gl.exp(gam)
+        egamp = gl.exp(gamp)
+        Aw = (b_a * egamp).to(gl.bfloat16).to(gl.float32)
+        xa = Aw * dAw
+        x = (b_q * egam).to(gl.bfloat16).to(gl.float32) * dQw - Kw * dKw - Bw * dBw + xa
+        b_dq = dQw * egam
+        b_da = dAw * egamp
+        b_dk = dKw * ed
+        b_db = dBw * ed
 
-    # ---- the intra-chunk gradients (factored form, centred at row BC/2 - 1) ----
-    rr = gl.arange(0, BC, layout=gl.SliceLayout(1, MR))
-    cc = gl.arange(0, BC, layout=gl.SliceLayout(0, MR))
-    low = rr[:, None] >= cc[None, :]
-    slow = rr[:, None] > cc[None, :]
-    dAqk = gl.where(low, dAqk * scale, 0.)
-    dAqb = gl.where(low, dAqb * scale, 0.)
-    dAak = gl.where(slow, dAak, 0.)
-    dAab = gl.where(slow, dAab, 0.)
-    gr = gl.expand_dims(gl.sum(gl.where(cn[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
-    fq = gl.exp(gam - gr)
-    fk = gl.exp(gr - gam)
-    fa = gl.exp(gamp - gr)
-    Qf = b_q * fq
-    Kf = b_k * fk
-    Bf = b_b * fk
-    Af = b_a * fa
-    Kf_b = gl.convert_layout(Kf, BN1)
-    Bf_b = gl.convert_layout(Bf, BN1)
-    Qf_b = gl.convert_layout(Qf, BN1)
-    Af_b = gl.convert_layout(Af, BN1)
-    dQf = mma_v2(gl.convert_layout(dAqb, AN1), Bf_b, mma_v2(gl.convert_layout(dAqk, AN1), Kf_b, zn,
-                                                                input_precision="tf32"), input_precision="tf32")
-    dAf = mma_v2(gl.convert_layout(dAab, AN1), Bf_b, mma_v2(gl.convert_layout(dAak, AN1), Kf_b, zn,
-                                                                input_precision="tf32"), input_precision="tf32")
-    dKf = mma_v2(gl.convert_layout(gl.permute(dAak, (1, 0)), AN1), Af_b,
-                 mma_v2(gl.convert_layout(gl.permute(dAqk, (1, 0)), AN1), Qf_b, zn, input_precision="tf32"),
-                 input_precision="tf32")
-    dBf = mma_v2(gl.convert_layout(gl.permute(dAab, (1, 0)), AN1), Af_b,
-                 mma_v2(gl.convert_layout(gl.permute(dAqb, (1, 0)), AN1), Qf_b, zn, input_precision="tf32"),
-                 input_precision="tf32")
-    xa_i = Af * dAf
-    x_i = Qf * dQf - Kf * dKf - Bf * dBf + xa_i
+        rr = gl.arange(0, BC, layout=gl.SliceLayout(1, MR))
+        cc = gl.arange(0, BC, layout=gl.SliceLayout(0, MR))
+        low = rr[:, None] >= cc[None, :]
+        slow = rr[:, None] > cc[None, :]
+        gr = gl.expand_dims(gl.sum(gl.where(cn[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+        fk = gl.exp(gr - gam)
+        Kf = b_k * fk
+        Bf = b_b * fk
+        Kf_b = _iop(Kf, BN1, IBF16)
+        Bf_b = _iop(Bf, BN1, IBF16)
+        dAqk = gl.where(low, dAqk * scale, 0.)
+        dAqb = gl.where(low, dAqb * scale, 0.)
+        fq = gl.exp(gam - gr)
+        Qf = b_q * fq
+        dQf = mma_v2(_iop(dAqb, AN1, IBF16), Bf_b, mma_v2(_iop(dAqk, AN1, IBF16), Kf_b, zn,
+                                                                    input_precision="tf32"), input_precision="tf32")
+        gl.store(dq + p_x, (b_dq + dQf * fq).to(dq.dtype.element_ty), mask=m_x)
+        x += Qf * dQf
+        dAak = gl.where(slow, dAak, 0.)
+        dAab = gl.where(slow, dAab, 0.)
+        fa = gl.exp(gamp - gr)
+        Af = b_a * fa
+        dAf = mma_v2(_iop(dAab, AN1, IBF16), Bf_b, mma_v2(_iop(dAak, AN1, IBF16), Kf_b, zn,
+                                                                    input_precision="tf32"), input_precision="tf32")
+        gl.store(da + p_x, (b_da + dAf * fa).to(da.dtype.element_ty), mask=m_x)
+        xa_i = Af * dAf
+        x += xa_i
+        xa += xa_i
+        Qf_b = _iop(Qf, BN1, IBF16)
+        Af_b = _iop(Af, BN1, IBF16)
+        dKf = mma_v2(_iop(gl.permute(dAak, (1, 0)), AN1, IBF16), Af_b,
+                     mma_v2(_iop(gl.permute(dAqk, (1, 0)), AN1, IBF16), Qf_b, zn, input_precision="tf32"),
+                     input_precision="tf32")
+        gl.store(dk + p_x, (b_dk + dKf * fk).to(dk.dtype.element_ty), mask=m_x)
+        x -= Kf * dKf
+        dBf = mma_v2(_iop(gl.permute(dAab, (1, 0)), AN1, IBF16), Af_b,
+                     mma_v2(_iop(gl.permute(dAqb, (1, 0)), AN1, IBF16), Qf_b, zn, input_precision="tf32"),
+                     input_precision="tf32")
+        gl.store(db + p_x, (b_db + dBf * fk).to(db.dtype.element_ty), mask=m_x)
+        x -= Bf * dBf
+        b_dg = gl.convert_layout(gl.associative_scan(gl.convert_layout(x, SC), 0, _add, reverse=True), MN)
+        b_dg = gl.where(keep_g, b_dg - xa + gl.expand_dims(dgC, 0), 0.)
+        gl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_x)
+    else:
+        g = gl.maximum(g_raw, GATE_BOUND)
+        gam = gl.convert_layout(gl.associative_scan(gl.convert_layout(g, SC), 0, _add), MN)
+        gamp = gam - g
+        gCv = gl.sum(g, 0)
+        gC = gl.expand_dims(gCv, 0)
+        ed = gl.exp(gC - gam)
+        Qw = (b_q * gl.exp(gam)).to(gl.bfloat16).to(gl.float32)
+        Aw = (b_a * gl.exp(gamp)).to(gl.bfloat16).to(gl.float32)
+        Bw = (b_b * ed).to(gl.bfloat16).to(gl.float32)
+        Kw = (b_k * ed).to(gl.bfloat16).to(gl.float32)
+        dgC = gl.exp(gCv) * dgS + gl.sum(Bw * dBw + Kw * dKw, 0)
 
-    # ---- combine and store ----
-    dQw = dQw * scale
-    b_dq = dQw * gl.exp(gam) + dQf * fq
-    b_da = dAw * gl.exp(gamp) + dAf * fa
-    b_dk = dKw * ed + dKf * fk
-    b_db = dBw * ed + dBf * fk
-    xa = Aw * dAw + xa_i
-    x = Qw * dQw - Kw * dKw - Bw * dBw + Aw * dAw + x_i
-    b_dg = gl.convert_layout(gl.associative_scan(gl.convert_layout(x, SC), 0, _add, reverse=True), MN) - xa + gl.expand_dims(dgC, 0)
-    b_dg = gl.where(g_raw >= GATE_BOUND, b_dg, 0.)
-    gl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_x)
-    gl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_x)
-    gl.store(da + p_x, b_da.to(da.dtype.element_ty), mask=m_x)
-    gl.store(db + p_x, b_db.to(db.dtype.element_ty), mask=m_x)
-    gl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_x)
+        # ---- the intra-chunk gradients (factored form, centred at row BC/2 - 1) ----
+        rr = gl.arange(0, BC, layout=gl.SliceLayout(1, MR))
+        cc = gl.arange(0, BC, layout=gl.SliceLayout(0, MR))
+        low = rr[:, None] >= cc[None, :]
+        slow = rr[:, None] > cc[None, :]
+        dAqk = gl.where(low, dAqk * scale, 0.)
+        dAqb = gl.where(low, dAqb * scale, 0.)
+        dAak = gl.where(slow, dAak, 0.)
+        dAab = gl.where(slow, dAab, 0.)
+        gr = gl.expand_dims(gl.sum(gl.where(cn[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+        fq = gl.exp(gam - gr)
+        fk = gl.exp(gr - gam)
+        fa = gl.exp(gamp - gr)
+        Qf = b_q * fq
+        Kf = b_k * fk
+        Bf = b_b * fk
+        Af = b_a * fa
+        Kf_b = _iop(Kf, BN1, IBF16)
+        Bf_b = _iop(Bf, BN1, IBF16)
+        Qf_b = _iop(Qf, BN1, IBF16)
+        Af_b = _iop(Af, BN1, IBF16)
+        dQf = mma_v2(_iop(dAqb, AN1, IBF16), Bf_b, mma_v2(_iop(dAqk, AN1, IBF16), Kf_b, zn,
+                                                                    input_precision="tf32"), input_precision="tf32")
+        dAf = mma_v2(_iop(dAab, AN1, IBF16), Bf_b, mma_v2(_iop(dAak, AN1, IBF16), Kf_b, zn,
+                                                                    input_precision="tf32"), input_precision="tf32")
+        dKf = mma_v2(_iop(gl.permute(dAak, (1, 0)), AN1, IBF16), Af_b,
+                     mma_v2(_iop(gl.permute(dAqk, (1, 0)), AN1, IBF16), Qf_b, zn, input_precision="tf32"),
+                     input_precision="tf32")
+        dBf = mma_v2(_iop(gl.permute(dAab, (1, 0)), AN1, IBF16), Af_b,
+                     mma_v2(_iop(gl.permute(dAqb, (1, 0)), AN1, IBF16), Qf_b, zn, input_precision="tf32"),
+                     input_precision="tf32")
+        xa_i = Af * dAf
+        x_i = Qf * dQf - Kf * dKf - Bf * dBf + xa_i
+
+        # ---- combine and store ----
+        dQw = dQw * scale
+        b_dq = dQw * gl.exp(gam) + dQf * fq
+        b_da = dAw * gl.exp(gamp) + dAf * fa
+        b_dk = dKw * ed + dKf * fk
+        b_db = dBw * ed + dBf * fk
+        xa = Aw * dAw + xa_i
+        x = Qw * dQw - Kw * dKw - Bw * dBw + Aw * dAw + x_i
+        b_dg = gl.convert_layout(gl.associative_scan(gl.convert_layout(x, SC), 0, _add, reverse=True), MN) - xa + gl.expand_dims(dgC, 0)
+        b_dg = gl.where(g_raw >= GATE_BOUND, b_dg, 0.)
+        gl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_x)
+        gl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_x)
+        gl.store(da + p_x, b_da.to(da.dtype.element_ty), mask=m_x)
+        gl.store(db + p_x, b_db.to(db.dtype.element_ty), mask=m_x)
+        gl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_x)
+
+
+
+@gluon.jit
+def token_pass_gluon(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H,
+                     K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+    _token_pass(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H, K, V, BC, BK, BV, False, False)
+
+
+@gluon.jit
+def token_pass_split(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H,
+                     K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+    _token_pass(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H, K, V, BC, BK, BV, True, False)
+
+
+@gluon.jit
+def token_pass_lean(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H,
+                    K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+    _token_pass(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H, K, V, BC, BK, BV, False, True)
+
+
+@gluon.jit
+def token_pass_lean_split(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H,
+                          K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr,
+                          BV: gl.constexpr):
+    _token_pass(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H, K, V, BC, BK, BV, True, True)
+
+
+@gluon.jit
+def token_pass_lean_bf16(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H,
+                         K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+    _token_pass(q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, scale, T, H, K, V, BC, BK, BV, False, True,
+                True)
