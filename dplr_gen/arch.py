@@ -40,6 +40,8 @@ class ArchProfile(BaseModel):
             "no_mma_chaining": self.mma in ("v3", "v5"),
             # tcgen05 accumulators live in tensor memory; two dots into one accumulator miscompile there.
             "separate_accumulators": self.mma == "v5",
+            # the token pass as the Gluon kernel (knob chunk.bwd.gluon; set per unit in variants.build_units)
+            "gluon_token_pass": False,
             "needs_allocator": False,
         }
 

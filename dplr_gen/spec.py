@@ -34,12 +34,14 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 
 # Knobs that only some stages take, and those stages: `chunk`, the token pass walks longer chunks than the
 # variant's; `overlap`, the reverse pass runs beside the states pass; `block_k`, the token pass splits its K
-# columns over several programs; `states_every`, h and dh are kept for every second token-pass chunk only.
+# columns over several programs; `states_every`, h and dh are kept for every second token-pass chunk only;
+# `gluon`, the token pass is the Gluon kernel (templates/chunk_dplr_bwd_gluon.py.jinja).
 STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "chunk": ("chunk.bwd",),
     "overlap": ("chunk.bwd_dh",),
     "block_k": ("chunk.bwd",),
     "states_every": ("chunk.bwd",),
+    "gluon": ("chunk.bwd",),
     "launch_below_sms": ("chunk.fwd_small", "chunk.bwd_dh_small"),
 }
 
@@ -93,6 +95,11 @@ class Knobs(_Strict):
     # chunk (the default), or twice the variant's chunk size where the token pass walks the variant's chunks; the
     # pass then derives the states in between from the kept ones (half the h and dh bytes, a few more products).
     states_every: Literal[16, 32, 64] | None = None
+    # stage chunk.bwd only: the token pass is the Gluon kernel (explicit register layouts: its MMA operands loaded
+    # straight into registers, no shared-memory staging) where the Triton release has the Gluon API it is written
+    # against (variants.GLUON_TRITON; elsewhere the Triton form is built). It covers bf16, K = V = 64, 16-token
+    # chunks, bounded gates and 4 warps only (variants.check_gluon).
+    gluon: bool | None = None
     # stage chunk.bwd_dh only: the reverse pass runs at the same time as the backward's recompute of the states
     # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave
     # most of the device idle. Costs the forward prep's operands kept alive through the reverse pass.

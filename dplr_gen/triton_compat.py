@@ -134,6 +134,13 @@ def _uses_constexprs_kw() -> bool:
     return "constexprs" in inspect.signature(ASTSource.__init__).parameters
 
 
+def is_gluon(fn: Any) -> bool:
+    """Whether ``fn`` is a ``@gluon.jit`` kernel (Triton's explicit-layout dialect, compiled from its own source
+    class); releases without Gluon have no such kernels."""
+    probe = getattr(fn, "is_gluon", None)
+    return bool(probe()) if callable(probe) else False
+
+
 def make_source(
     fn: Any,
     signature: Mapping[str, str],
@@ -180,7 +187,15 @@ def make_source(
     if _uses_constexprs_kw():
         # every argument, in kernel order, constexpr ones typed "constexpr"
         full = {n: ("constexpr" if n in constexprs else signature[n]) for n in names}
+        if is_gluon(fn):
+            from triton.experimental.gluon._runtime import GluonASTSource
+
+            return GluonASTSource(fn, full, constexprs=dict(constexprs), attrs=attrs)
         return ASTSource(fn, full, constexprs=dict(constexprs), attrs=attrs)
+    if is_gluon(fn):
+        import triton
+
+        raise TypeError(f"{fn.__name__} is a Gluon kernel; Triton {triton.__version__} has no Gluon compiler")
     # before 3.3: runtime args only, in kernel order; constants keyed by name (what the 3.1/3.2 JIT does)
     runtime = {n: signature[n] for n in names if n in signature}
     return ASTSource(fn, runtime, constants=dict(constexprs), attrs=attrs)

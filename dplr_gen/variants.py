@@ -7,6 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from . import quirks as quirk_registry
@@ -115,7 +116,40 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
         out[stage] = Knobs(**merged)
     if v.op == "chunk":
         check_states_every(v, out["bwd"])
+        check_gluon(v, out["bwd"])
     return out
+
+
+# Triton releases whose Gluon API (triton.experimental.gluon: linear layouts, mma_v2, reshape / permute of register
+# tensors) templates/chunk_dplr_bwd_gluon.py.jinja is written against: an experimental API, so a release not
+# checked builds the Triton form of the token pass instead (the knob is then a no-op, shown in the unit's flags).
+GLUON_TRITON = SpecifierSet(">=3.6,<3.7")
+
+# the token-pass Gluon kernel's exponents are factored like the Triton form's bounded variants (render-time rule)
+_FACTOR_LIMIT = 30
+
+
+def check_gluon(v: Variant, bwd: Knobs) -> None:
+    """Knob chunk.bwd.gluon: the Gluon token pass covers bf16, K = V = 64, the variant's 16-token chunks (states
+    kept for each), bounded gates whose factored exponents stay within the limit, 4 warps, whole K and V tiles;
+    SpecError naming the variant and what is off otherwise."""
+    if not bwd.gluon:
+        return
+    off = []
+    if v.dtype != "bf16":
+        off.append(f"dtype {v.dtype} (bf16 only)")
+    if (v.K, v.V) != (64, 64):
+        off.append(f"K, V = {v.K}, {v.V} (64, 64 only)")
+    if v.chunk_size != 16 or (bwd.chunk or 16) != 16 or (bwd.states_every or 16) != 16:
+        off.append(f"chunk size {v.chunk_size}, chunk.bwd.chunk {bwd.chunk}, states_every {bwd.states_every}"
+                   " (16-token chunks, a state kept for each)")
+    if v.gate_bound is None or 16 * -v.gate_bound / 2 > _FACTOR_LIMIT:
+        off.append(f"gate bound {v.gate_bound} (a bound of at most {2 * _FACTOR_LIMIT // 16} in magnitude)")
+    if bwd.num_warps != 4 or (bwd.block_v or 64) != 64 or (bwd.block_k or 64) != 64:
+        off.append(f"num_warps {bwd.num_warps}, block_v {bwd.block_v}, block_k {bwd.block_k} (4 warps, 64, 64)")
+    if off:
+        raise SpecError(f"variant {v.name}: tuning chunk.bwd.gluon: the Gluon token pass does not cover "
+                        + "; ".join(off) + " (limit the rule with `when`, e.g. {K: [64], dtype: [bf16]})")
 
 
 def check_states_every(v: Variant, bwd: Knobs) -> None:
@@ -178,7 +212,8 @@ def build_units(
             elif unfit is not None:
                 refused.append(Filtered(what, unfit))
             else:
-                units.append(
-                    BuildUnit(v, arch, flags, _resolve_knobs(spec, arch, v, limits), tuple(applied))
-                )
+                tune = _resolve_knobs(spec, arch, v, limits)
+                if v.op == "chunk":
+                    flags["gluon_token_pass"] = bool(tune["bwd"].gluon) and triton_version in GLUON_TRITON
+                units.append(BuildUnit(v, arch, flags, tune, tuple(applied)))
     return units, refused

@@ -110,8 +110,9 @@ def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
 def _default_flags():
     if DEVICE != "cpu" and os.environ.get("CHUNK_TEST_ARCH_FLAGS") == "1":
         cc = torch.cuda.get_device_capability()
-        return SimpleNamespace(no_mma_chaining=cc >= (9, 0), separate_accumulators=cc >= (10, 0))
-    return SimpleNamespace(no_mma_chaining=False, separate_accumulators=False)
+        return SimpleNamespace(no_mma_chaining=cc >= (9, 0), separate_accumulators=cc >= (10, 0),
+                               gluon_token_pass=False)
+    return SimpleNamespace(no_mma_chaining=False, separate_accumulators=False, gluon_token_pass=False)
 
 
 _MODULES: dict[str, object] = {}
@@ -202,9 +203,9 @@ def check(errs, tol):
     assert not bad, f"errors above {tol}: {bad}"
 
 
-FLAGS_AMPERE = SimpleNamespace(no_mma_chaining=False, separate_accumulators=False)
-FLAGS_HOPPER = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False)
-FLAGS_BLACKWELL = SimpleNamespace(no_mma_chaining=True, separate_accumulators=True)
+FLAGS_AMPERE = SimpleNamespace(no_mma_chaining=False, separate_accumulators=False, gluon_token_pass=False)
+FLAGS_HOPPER = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=False)
+FLAGS_BLACKWELL = SimpleNamespace(no_mma_chaining=True, separate_accumulators=True, gluon_token_pass=False)
 
 
 # ---------------------------------------------------------------- rendering contract (no kernel runs)
