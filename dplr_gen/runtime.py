@@ -129,6 +129,8 @@ class KernelSet:
         if name in self.aot:
             return self.aot[name]
         fn = getattr(self.module, name)
+        if interpreting():  # a Gluon kernel's Triton form, where the source has one (the interpreter runs no Gluon)
+            fn = getattr(self.module, "TRITON_FORMS", {}).get(name, fn)
         consts, launch = self.module.CONSTEXPRS[name], self.module.LAUNCH[name]
 
         class _Jit:

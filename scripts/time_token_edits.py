@@ -145,7 +145,9 @@ def main() -> None:
         xs = xs_by_tc[tc]
         nkb = triton.cdiv(K, kconsts["BK"]) if args.kernel == "bwd" else 1  # token pass: a program per K block
         grid = (triton.cdiv(B * triton.cdiv(T, tc) * H * nkb, e.get("grid_div", 1)),)
-        fn = getattr(mod, kernel)
+        # a unit whose token pass is the Gluon kernel keeps its Triton form, which the edit sets edit: time that
+        # (the Gluon kernel's own forms: benchmarks/edits/session21/run_tok.py)
+        fn = getattr(mod, "TRITON_FORMS", {}).get(kernel, getattr(mod, kernel))
         outs = {n: x for n, x in zip(base.SIGNATURES[kernel], xs) if n in OUTPUTS[args.kernel]}
         for x in outs.values():
             x.fill_(float("nan"))

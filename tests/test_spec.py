@@ -297,3 +297,65 @@ def test_register_cap_reaches_the_launch_table(tmp_path: Path) -> None:
             assert set(launch) <= {"num_warps", "num_stages", "maxnreg"}
             seen.add(capped)
     assert seen == {True, False}
+
+
+GLUON_RULE = """variant_tuning:
+  - when: {%s}
+    tuning:
+      chunk.bwd: {gluon: true, num_warps: 4}
+"""
+
+
+def test_gluon_token_pass_where_the_knob_and_the_triton_release_allow(tmp_path: Path) -> None:
+    """chunk.bwd.gluon: the variants its rule matches get the Gluon token pass under a Triton release in
+    GLUON_TRITON (the Triton form kept beside it as TRITON_FORMS, for the interpreter), the Triton form alone
+    under any other release and for every other variant; the rendered sources execute."""
+    from dplr_gen.render import render_unit
+    from dplr_gen.compile import import_source
+    from dplr_gen.triton_compat import is_gluon
+    from dplr_gen.variants import GLUON_TRITON
+
+    text = GOOD + GLUON_RULE % "op: [chunk], K: [64], dtype: [bf16], chunk_size: [16], gate_bound: [-0.6065]"
+    spec = load_spec(write(tmp_path, text))
+    for version in ("3.6.0", "3.5.1", "3.7.0", "3.2.0"):
+        gluon_on = Version(version) in GLUON_TRITON
+        units, _ = build_units(spec, Version(version))
+        seen = set()
+        for u in (u for u in units if u.variant.op == "chunk"):
+            v = u.variant
+            eligible = (v.K, v.dtype, v.chunk_size, v.gate_bound) == (64, "bf16", 16, -0.6065)
+            assert u.flags["gluon_token_pass"] == (eligible and gluon_on), (version, u.name)
+            if version in ("3.6.0", "3.2.0"):
+                src = render_unit(u)
+                path = tmp_path / f"{u.name}_{version}.py"  # (Gluon's decorator reads the source file)
+                path.write_text(src)
+                ns = vars(import_source(path, f"gluon_case_{u.name}_{version.replace('.', '_')}"))
+                gluon = u.flags["gluon_token_pass"]
+                assert is_gluon(ns["chunk_dplr_bwd_kernel"]) == gluon
+                assert ("TRITON_FORMS" in ns) == gluon
+                if gluon:
+                    assert ns["TRITON_FORMS"]["chunk_dplr_bwd_kernel"] is ns["chunk_dplr_bwd_triton_kernel"]
+                    assert "GATE_BOUND = gl.constexpr(-0.6065)" in src
+            seen.add(u.flags["gluon_token_pass"])
+        assert seen == ({True, False} if gluon_on else {False}), version
+    assert Version("3.6.0") in GLUON_TRITON
+
+
+@pytest.mark.parametrize("when, what", [
+    ("K: [64], dtype: [bf16, fp32], chunk_size: [16], gate_bound: [-0.6065]", r"dtype fp32 \(bf16 only\)"),
+    ("dtype: [bf16], chunk_size: [16], gate_bound: [-0.6065]", r"K, V = 60, 100 \(64, 64 only\)"),
+    ("K: [64], dtype: [bf16], chunk_size: [64], gate_bound: [-0.6065]", r"chunk size 64"),
+    ("K: [64], dtype: [bf16], chunk_size: [16]", r"gate bound None \(bounded, at most 3.75"),
+])
+def test_gluon_knob_outside_its_variants_is_refused(tmp_path: Path, when: str, what: str) -> None:
+    """chunk.bwd.gluon on a variant the Gluon kernel does not cover: SpecError naming the variant, the knob and
+    what is off (where the release would build the Gluon form)."""
+    spec = load_spec(write(tmp_path, GOOD + GLUON_RULE % ("op: [chunk], " + when)))
+    with pytest.raises(SpecError, match=r"variant chunk_.*tuning chunk.bwd.gluon: .*" + what):
+        build_units(spec, Version("3.6.0"))
+    build_units(spec, Version("3.2.0"))  # there the knob is a no-op: nothing to refuse
+
+
+def test_gluon_knob_only_on_the_token_pass(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"chunk.fwd.gluon: only chunk.bwd take the gluon knob"):
+        load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd: {gluon: true}\n"))
