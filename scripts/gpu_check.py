@@ -16,6 +16,8 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
           256: those chunks take the exact form, the others the factored one), resets (gk = -inf in half the
           channels every 256 tokens) and -3 over 40 tokens in a third of the channels: bf16 at D=64 and 128,
           fp16 at D=64, B=2, T=2048, H=4; the bounds of the table (bf16) and of prec (fp16).
+  varlen  dplr-fast and dplr-generic on 9 sequences of 1 to 1000 tokens (shorter than a chunk, on and just past
+          a chunk boundary; 2049 tokens, H=4, random h0 each), bf16 at D=64 and 128: the table's bounds.
   report  the original failure report: B=1, T=4096, H=2, K=V=128, bf16, cu_seqlens=[0, T] (int32, cuda), zero
           initial state, keyword arguments, output_final_state=True. raw randn a/b (and r, k, v): must run to
           completion, fwd+bwd (finite or not is recorded, not judged); normalised a/b: the table's bounds.
@@ -79,6 +81,9 @@ CASES = {
     "mixed-D64": Case(2, 2048, 4, 64, "bfloat16", 17, gates="mixed"),
     "mixed-D128": Case(2, 2048, 4, 128, "bfloat16", 18, gates="mixed"),
     "mixed-fp16": Case(2, 2048, 4, 64, "float16", 19, gates="mixed"),
+    # varlen: sequences shorter than a chunk, ending on and just past a chunk boundary, long ones; random h0 each
+    "varlen-D64": Case(1, 2049, 4, 64, "bfloat16", 20, (1, 15, 16, 17, 63, 200, 1000, 37, 700)),
+    "varlen-D128": Case(1, 2049, 4, 128, "bfloat16", 21, (1, 15, 16, 17, 63, 200, 1000, 37, 700)),
 }
 DRY_CASES = {
     "D64": Case(1, 64, 1, 64, "float32", 11),
@@ -90,8 +95,11 @@ DRY_CASES = {
     "mixed-D64": Case(1, 300, 1, 64, "float32", 17, gates="mixed"),
     "mixed-D128": Case(1, 300, 1, 128, "float32", 18, gates="mixed"),
     "mixed-fp16": Case(1, 300, 1, 64, "float16", 19, gates="mixed"),
+    "varlen-D64": Case(1, 63, 1, 64, "float32", 20, (1, 15, 17, 30)),
+    "varlen-D128": Case(1, 63, 1, 128, "float32", 21, (1, 15, 17, 30)),
 }
 MIXED = tuple(c for c, case in CASES.items() if case.gates == "mixed")
+VARLEN = tuple(c for c in CASES if c.startswith("varlen-"))
 
 # Cases beyond the main package's head dims: each gets a package of its own, built for the GPU by "build:<case>"
 WIDE = ("D256",)
@@ -116,7 +124,7 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     """Jobs, grouped by worker process: dplr-gen, the two scale cases alone (a fault there must not poison
     the others' CUDA context), fla last (its first calls autotune for minutes)."""
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
-            + [f"gates:{c}:dplr-generic" for c in MIXED]
+            + [f"gates:{c}:dplr-generic" for c in MIXED] + [f"varlen:{c}:{s}" for c in VARLEN for s in DPLR]
             + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile", "overlap", "graph"])
     wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
     groups = [dplr, wide, ["scale-decode"], ["scale-big"],
@@ -163,7 +171,7 @@ class Worker:
 
     def run(self, job: str) -> dict[str, Any]:
         kind, *rest = job.split(":")
-        if kind in ("table", "prec", "gates", "report-norm", "report-raw"):
+        if kind in ("table", "prec", "gates", "varlen", "report-norm", "report-raw"):
             return self.accuracy(self.cases[rest[0]], rest[0], rest[1], raw=kind == "report-raw")
         if kind == "build":
             return self.build_wide(rest[0])
@@ -399,6 +407,9 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
             acc_row("prec", c, s, False)
     for c in MIXED:
         acc_row("gates", c, "dplr-generic", False)
+    for c in VARLEN:
+        for s in DPLR:
+            acc_row("varlen", c, s, False)
     for s in (*DPLR, FLA):
         acc_row("report-norm", "report", s, True)
     for s in DPLR:
@@ -461,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fla-max-configs", type=int, default=0,
                     help="fla-core's autotuners keep this many of their configs (0: all); its D=128 autotuning "
                          "alone outlasts a 10-minute GPU call")
-    ap.add_argument("--only", help="comma list of job prefixes: table, prec, report, scale, compile, build, table:D64, ...")
+    ap.add_argument("--only", help="comma list of job prefixes: table, prec, varlen, report, scale, compile, build, table:D64, ...")
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for everything (default 560)")
     ap.add_argument("--deadline", type=float, help="absolute time.time() to finish by (overrides --budget)")
     ap.add_argument("--package", default=str(C.REPO / "generated" / "hopper"))
