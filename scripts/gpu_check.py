@@ -17,7 +17,8 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
           channels every 256 tokens) and -3 over 40 tokens in a third of the channels: bf16 at D=64 and 128,
           fp16 at D=64, B=2, T=2048, H=4; the bounds of the table (bf16) and of prec (fp16).
   varlen  dplr-fast and dplr-generic on 9 sequences of 1 to 1000 tokens (shorter than a chunk, on and just past
-          a chunk boundary; 2049 tokens, H=4, random h0 each), bf16 at D=64 and 128: the table's bounds.
+          a chunk boundary; 2049 tokens, H=4, random h0 each), bf16 at D=64 and 128, and at D=64 with w in fp32
+          (the variants that read the gate in fp32): the table's bounds.
   report  the original failure report: B=1, T=4096, H=2, K=V=128, bf16, cu_seqlens=[0, T] (int32, cuda), zero
           initial state, keyword arguments, output_final_state=True. raw randn a/b (and r, k, v): must run to
           completion, fwd+bwd (finite or not is recorded, not judged); normalised a/b: the table's bounds.
@@ -69,6 +70,7 @@ class Case:
     lengths: tuple[int, ...] | None = None
     h0: str = "random"
     gates: str = "rwkv7"  # or "mixed" (benchmarks.common.mixed_gates)
+    w_fp32: bool = False  # w (gk) in fp32 while the rest is in dtype: the variants that read the gate in fp32
 
 
 CASES = {
@@ -84,6 +86,7 @@ CASES = {
     # varlen: sequences shorter than a chunk, ending on and just past a chunk boundary, long ones; random h0 each
     "varlen-D64": Case(1, 2049, 4, 64, "bfloat16", 20, (1, 15, 16, 17, 63, 200, 1000, 37, 700)),
     "varlen-D128": Case(1, 2049, 4, 128, "bfloat16", 21, (1, 15, 16, 17, 63, 200, 1000, 37, 700)),
+    "varlen-D64-w32": Case(1, 2049, 4, 64, "bfloat16", 22, (1, 15, 16, 17, 63, 200, 1000, 37, 700), w_fp32=True),
 }
 DRY_CASES = {
     "D64": Case(1, 64, 1, 64, "float32", 11),
@@ -97,6 +100,7 @@ DRY_CASES = {
     "mixed-fp16": Case(1, 300, 1, 64, "float16", 19, gates="mixed"),
     "varlen-D64": Case(1, 63, 1, 64, "float32", 20, (1, 15, 17, 30)),
     "varlen-D128": Case(1, 63, 1, 128, "float32", 21, (1, 15, 17, 30)),
+    "varlen-D64-w32": Case(1, 63, 1, 64, "float16", 22, (1, 15, 17, 30), w_fp32=True),
 }
 MIXED = tuple(c for c, case in CASES.items() if case.gates == "mixed")
 VARLEN = tuple(c for c in CASES if c.startswith("varlen-"))
@@ -167,6 +171,8 @@ class Worker:
                          n_states=None if case.lengths is None else len(case.lengths))
         if case.gates == "mixed":
             C.mixed_gates(x["w"])
+        if case.w_fp32:
+            x["w"] = x["w"].float()
         return x
 
     def run(self, job: str) -> dict[str, Any]:
