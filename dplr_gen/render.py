@@ -10,7 +10,7 @@ from typing import Any
 
 import jinja2
 
-from .variants import BuildUnit
+from .variants import FACTOR_LIMIT, BuildUnit, factored
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE_FOR_OP = {"chunk": "chunk_dplr.py.jinja", "fused_recurrent": "fused_recurrent_dplr.py.jinja"}
@@ -42,6 +42,8 @@ def environment() -> jinja2.Environment:
     )
     env.globals["next_pow2"] = next_pow2
     env.globals["launch"] = launch
+    env.globals["FACTOR_LIMIT"] = FACTOR_LIMIT
+    env.globals["factored"] = factored
     return env
 
 

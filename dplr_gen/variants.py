@@ -125,8 +125,15 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
 # (A release outside this range does not check the knob's variants either: see check_gluon.)
 GLUON_TRITON = SpecifierSet(">=3.6,<3.7")
 
-# the token-pass Gluon kernel's exponents are factored like the Triton form's bounded variants (render-time rule)
-_FACTOR_LIMIT = 30
+# The factored form's exponents (gamma - gamma_r, re-centred at row C/2 - 1) stay within +-FACTOR_LIMIT: e^30 leaves
+# fp32 and bf16 room for the products. The templates read both names (render.environment's globals).
+FACTOR_LIMIT = 30
+
+
+def factored(chunk: int, gate_bound: float | None) -> bool:
+    """Whether a bounded variant's chunks of ``chunk`` tokens take the factored form at render time: every exponent
+    is at most chunk * |bound| / 2 in magnitude."""
+    return gate_bound is not None and chunk * -gate_bound / 2 <= FACTOR_LIMIT
 
 
 def check_gluon(v: Variant, bwd: Knobs) -> None:
@@ -143,8 +150,8 @@ def check_gluon(v: Variant, bwd: Knobs) -> None:
     if v.chunk_size != 16 or (bwd.chunk or 16) != 16 or (bwd.states_every or 16) != 16:
         off.append(f"chunk size {v.chunk_size}, chunk.bwd.chunk {bwd.chunk}, states_every {bwd.states_every}"
                    " (16-token chunks, a state kept for each)")
-    if v.gate_bound is None or 16 * -v.gate_bound / 2 > _FACTOR_LIMIT:
-        off.append(f"gate bound {v.gate_bound} (bounded, at most {2 * _FACTOR_LIMIT / 16} in magnitude)")
+    if not factored(16, v.gate_bound):
+        off.append(f"gate bound {v.gate_bound} (bounded, at most {2 * FACTOR_LIMIT / 16} in magnitude)")
     if bwd.num_warps != 4 or (bwd.block_v or 64) != 64 or (bwd.block_k or 64) != 64:
         off.append(f"num_warps {bwd.num_warps}, block_v {bwd.block_v}, block_k {bwd.block_k} (4 warps, 64, 64)")
     if off:

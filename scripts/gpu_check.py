@@ -73,6 +73,8 @@ class Case:
     w_fp32: bool = False  # w (gk) in fp32 while the rest is in dtype: the variants that read the gate in fp32
 
 
+# varlen cases: sequences shorter than a chunk, ending on and just past a chunk boundary, long ones; random h0 each
+VARLEN_LENGTHS = (1, 15, 16, 17, 63, 200, 1000, 37, 700)
 CASES = {
     "D64": Case(2, 4096, 4, 64, "bfloat16", 11),
     "D128": Case(2, 4096, 4, 128, "bfloat16", 12),
@@ -83,10 +85,9 @@ CASES = {
     "mixed-D64": Case(2, 2048, 4, 64, "bfloat16", 17, gates="mixed"),
     "mixed-D128": Case(2, 2048, 4, 128, "bfloat16", 18, gates="mixed"),
     "mixed-fp16": Case(2, 2048, 4, 64, "float16", 19, gates="mixed"),
-    # varlen: sequences shorter than a chunk, ending on and just past a chunk boundary, long ones; random h0 each
-    "varlen-D64": Case(1, 2049, 4, 64, "bfloat16", 20, (1, 15, 16, 17, 63, 200, 1000, 37, 700)),
-    "varlen-D128": Case(1, 2049, 4, 128, "bfloat16", 21, (1, 15, 16, 17, 63, 200, 1000, 37, 700)),
-    "varlen-D64-w32": Case(1, 2049, 4, 64, "bfloat16", 22, (1, 15, 16, 17, 63, 200, 1000, 37, 700), w_fp32=True),
+    "varlen-D64": Case(1, sum(VARLEN_LENGTHS), 4, 64, "bfloat16", 20, VARLEN_LENGTHS),
+    "varlen-D128": Case(1, sum(VARLEN_LENGTHS), 4, 128, "bfloat16", 21, VARLEN_LENGTHS),
+    "varlen-D64-w32": Case(1, sum(VARLEN_LENGTHS), 4, 64, "bfloat16", 22, VARLEN_LENGTHS, w_fp32=True),
 }
 DRY_CASES = {
     "D64": Case(1, 64, 1, 64, "float32", 11),
