@@ -120,6 +120,18 @@ def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[
     return name, ks.constexprs(name)["BV"]
 
 
+def persistent_launch(ks, name: str, n_items: int, device: torch.device) -> tuple[int, list[int]]:
+    """(programs, trailing arguments) of a launch of kernel ``name`` over ``n_items`` work items. A persistent
+    kernel (the variant's OPTIONS ``persistent``: each program walks items pid, pid + grid, ... and prefetches the
+    next one's tiles) takes n_items as its last argument and gets as many programs as the device holds at once,
+    where its loaded binary tells (else one a work item, which it handles as well: its Triton form under the
+    interpreter, a kernel compiled at run time); any other kernel one program a work item and no argument."""
+    if name not in ks.option("persistent", ()):
+        return n_items, []
+    resident = ks.resident_per_sm(name, device) if device.type == "cuda" else None
+    return (min(n_items, resident * _device_sms(device)) if resident else n_items), [n_items]
+
+
 def _cu(cu_seqlens: torch.Tensor | None) -> list[torch.Tensor]:
     """The varlen kernel argument of the state passes: [cu_seqlens], or nothing for dense inputs."""
     return [] if cu_seqlens is None else [cu_seqlens]
@@ -339,9 +351,11 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
     if len(steps) != (5 if derives_states(ks) else 0):
         raise ValueError(f"steps: {len(steps)} tensors given; this variant's token pass takes "
                          f"{'the 5 of state_step_operands(the backward prep)' if derives_states(ks) else 'none'}")
-    getattr(ks, BWD)[(n_tslots * H * nk,)](
+    n_items = n_tslots * H * nk
+    grid, extra = persistent_launch(ks, BWD, n_items, dev)
+    getattr(ks, BWD)[(grid,)](
         q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, *steps,
-        *_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), scale, T, H)
+        *_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), scale, T, H, *extra)
     return dq, dk, da, db, dg
 
 

@@ -60,6 +60,8 @@ def inputs(sig: dict[str, str], B: int, T: int, H: int, K: int, TC: int, dev: st
             args.append(K ** -0.5)
         elif name in ("T", "H"):
             args.append(T if name == "T" else H)
+        elif name == "n_items":  # a persistent kernel's count of work items (chunk slots * H)
+            args.append(n * H)
         elif ty == "i32":  # the backward prep's on/off switches, as a recompute runs it: store_pass_ops on,
             # store_fwd_ops (the forward's operands) off
             args.append((switches or {}).get(name, int(name != "store_fwd_ops")))

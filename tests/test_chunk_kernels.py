@@ -68,8 +68,13 @@ class DevKernelSet:
     def option(self, name, default=None):
         return getattr(self.m, "OPTIONS", {}).get(name, default)
 
+    def resident_per_sm(self, name, device):
+        return None  # compiled at run time: unknown, as runtime.KernelSet says of such kernels
+
     def __getattr__(self, name):
         fn = getattr(self.m, name)
+        if DEVICE == "cpu":  # the interpreter runs no Gluon: a Gluon kernel's Triton form (runtime.KernelSet)
+            fn = getattr(self.m, "TRITON_FORMS", {}).get(name, fn)
         c = self.m.CONSTEXPRS[name]
         launch = self.m.LAUNCH[name]
 
@@ -579,6 +584,61 @@ def test_token_pass_k_blocks_never_alias(monkeypatch):
     out = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dk_over_dr=True, dq_over_u=True)
     assert out[1].data_ptr() != dr.data_ptr() and out[0].data_ptr() != u.data_ptr()
     assert torch.equal(dr, dr0) and torch.equal(u, u0)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_persistent_token_pass_declares_its_item_count(varlen):
+    """Where the token pass is the persistent Gluon kernel (flag gluon_token_pass), its signature ends in n_items
+    and OPTIONS lists it as persistent; the driver passes the count of work items, and its Triton form (the
+    interpreter's stand-in, a program per item) gives exactly the plain unit's gradients."""
+    v = make_variant("fp32", K=64, V=64, chunk_size=16, varlen=varlen, gate_bound=-0.61)
+    gluon = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=True)
+    ks, ks_g = load(v), load(v, flags=gluon)
+    assert list(ks_g.m.SIGNATURES[chunk_driver.BWD])[-1] == "n_items" and "n_items" not in ks.m.SIGNATURES[chunk_driver.BWD]
+    assert ks_g.option("persistent") == [chunk_driver.BWD] and ks.option("persistent") == []
+    cu = torch.tensor([0, 5, 21, 41], dtype=torch.int32).to(DEVICE) if varlen else None
+    d = rwkv7_inputs(1, 41 if varlen else 37, 2, 64, 64, dtype=torch.float32)
+    x = {n: t.to(DEVICE) for n, t in d.items()}
+    h0 = torch.randn(3 if varlen else 1, 2, 64, 64, device=DEVICE)
+    o, _, saved = chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 0.5, h0, cu,
+                                              keep_states=True)
+    do = torch.randn_like(o)
+    pr = chunk_driver.chunk_prep(ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], cu, saved["n_slots"],
+                                 for_bwd=True, chunk_map=saved["chunk_map"])
+    h, u, _ = chunk_driver.chunk_states(ks, v, saved, pr)
+    dh, dr, _, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, None)
+    chunk_driver.POISON = True
+    try:
+        plain = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr)
+        persistent = chunk_driver.chunk_dplr_bwd_tokens(ks_g, v, saved, h, u, do, dh, dr)
+    finally:
+        chunk_driver.POISON = False
+    for n, a, b in zip(("q", "k", "a", "b", "gk"), plain, persistent):
+        assert not a.isnan().any() and torch.equal(a, b), n
+
+
+def test_persistent_launch_grid(monkeypatch):
+    """A persistent kernel gets min(items, resident programs an SM * SMs) programs where its binary's residency
+    is known, else one per item, and n_items as its last argument; any other kernel one program per item and no
+    argument."""
+    class KS:
+        def __init__(self, persistent, resident):
+            self.persistent, self.resident = persistent, resident
+
+        def option(self, name, default=None):
+            return self.persistent if name == "persistent" else default
+
+        def resident_per_sm(self, name, device):
+            return self.resident
+
+    monkeypatch.setattr(chunk_driver, "_device_sms", lambda device: 132)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    k = chunk_driver.BWD
+    assert chunk_driver.persistent_launch(KS([k], 2), k, 100000, gpu) == (264, [100000])
+    assert chunk_driver.persistent_launch(KS([k], 2), k, 200, gpu) == (200, [200])
+    assert chunk_driver.persistent_launch(KS([k], None), k, 100000, gpu) == (100000, [100000])
+    assert chunk_driver.persistent_launch(KS([k], 2), k, 100000, cpu) == (100000, [100000])
+    assert chunk_driver.persistent_launch(KS([], 2), k, 100000, gpu) == (100000, [])
 
 
 def test_token_pass_chunk_sizes_the_states():

@@ -649,8 +649,10 @@ CONSTEXPRS = {
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
 # the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
 # the small-grid copies (knob launch_below_sms): launched where the main kernel's grid has fewer programs than
-# this many times the device's SMs
+# this many times the device's SMs; the persistent kernels (their last argument n_items, the count of work items:
+# launched with at most as many programs as the device holds at once, chunk_driver.persistent_launch)
 OPTIONS = {"overlap_state_passes": False, "states_every": 16,
+           "persistent": [],
            "small_grid_below_sms": {
            }}
 LAUNCH = {

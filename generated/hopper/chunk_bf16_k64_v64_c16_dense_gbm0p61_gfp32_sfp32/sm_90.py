@@ -520,9 +520,10 @@ def chunk_dplr_bwd_dh_small_kernel(
 @triton.jit
 def chunk_dplr_bwd_triton_kernel(
     q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
-    scale, T, H,
+    scale, T, H, n_items,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
+    # n_items: the persistent Gluon kernel's count of work items; this form takes a program per item
     i_sh = tl.program_id(0)  # (chunk slot * H + head) * (number of K blocks) + K block
     i_kb = i_sh % tl.cdiv(K, BK)
     i_sh = i_sh // tl.cdiv(K, BK)
@@ -617,6 +618,7 @@ def chunk_dplr_bwd_triton_kernel(
 # the token pass is a Gluon kernel (knob chunk.bwd.gluon; templates/chunk_dplr_bwd_gluon.py.jinja)
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
 GATE_BOUND = gl.constexpr(-0.61)
@@ -636,19 +638,13 @@ BN1 = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=MN, k_width=1))
 # the scans over tokens (tt.scan lowers on blocked layouts only): the columns of MN per warp, 4 tokens a thread
 SC = gl.constexpr(gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[4, 8], warps_per_cta=[1, 4],
                                    order=[1, 0]))
-# Load layouts, in memory coordinates. A product does not depend on the order of its sum, so the contraction
-# index v is permuted alike in every operand: a thread's 16 elements of a row are 2 x 16 contiguous bytes
-# (memory column half * 32 + lane%4 * 8 + e, relabelled by reshape / permute, which moves no data). No product
-# contracts over K, so the K columns of every [C, K] tile are permuted too: 8 contiguous bytes a thread.
-LA = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [0, 4], [0, 32], [8, 0]],
-                                             lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]],
-                                             warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[16, 64]))
-LB = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[[1, 0], [2, 0], [4, 0], [32, 0], [0, 32]],
-                                             lane_bases=[[8, 0], [16, 0], [0, 1], [0, 2], [0, 4]],
-                                             warp_bases=[[0, 8], [0, 16]], block_bases=[], shape=[64, 64]))
-LBR = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[[1, 0], [2, 0], [4, 0], [32, 0], [0, 8]],
-                                              lane_bases=[[8, 0], [16, 0], [0, 1], [0, 2], [0, 4]],
-                                              warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[64, 16]))
+# the copies into shared memory: 16 bytes a thread, a [16, 64] tile per 128 threads
+LC = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                   order=[1, 0]))
+SH = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]))
+# No product contracts over K, so the K columns of every [C, K] tile are permuted (_kmem): read from shared
+# memory and stored with 8 contiguous bytes a thread (LQ, memory order, relabelled by reshape / permute, which
+# moves no data) instead of 4. The states' K rows are copied in the same permuted order.
 LQ = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]],
                                              lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
                                              warp_bases=[[0, 16], [0, 32]], block_bases=[], shape=[16, 64]))
@@ -663,20 +659,6 @@ def _g_add(x, y):
 def _g_cumsum(x, reverse: gl.constexpr):
     """Scan over the tokens (axis 0) of an MN tile."""
     return gl.convert_layout(gl.associative_scan(gl.convert_layout(x, SC), 0, _g_add, reverse=reverse), MN)
-
-
-@gluon.jit
-def _v_rows(x):
-    """[C, 64] tile read in memory order of v -> the A fragment's order of v."""
-    x = gl.reshape(x, [x.shape[0], 2, 2, 2, 2, 2, 2])
-    return gl.reshape(gl.permute(x, (0, 1, 4, 5, 2, 3, 6)), [x.shape[0], 64])
-
-
-@gluon.jit
-def _v_cols(x):
-    """[64, N] tile read in memory order of v -> the B fragment's order of v."""
-    x = gl.reshape(x, [2, 2, 2, 2, 2, 2, x.shape[-1]])
-    return gl.reshape(gl.permute(x, (0, 3, 4, 1, 2, 5, 6)), [64, x.shape[-1]])
 
 
 @gluon.jit
@@ -700,9 +682,9 @@ def _kmem(n):
 
 
 @gluon.jit
-def _load_q(x, p, m):
-    """An input's [C, K] tile in MN, fp32."""
-    return gl.convert_layout(_k_logical(gl.load(x + p, mask=m, other=0.)), MN).to(gl.float32)
+def _in_mn(s):
+    """An input's [C, K] tile from shared memory (memory order) in MN, fp32."""
+    return gl.convert_layout(_k_logical(s.load(LQ)), MN, assert_trivial=True).to(gl.float32)
 
 
 @gluon.jit
@@ -719,119 +701,167 @@ def _intra(dA1, Y1, dA2, Y2):
 
 
 @gluon.jit
-def chunk_dplr_bwd_kernel(
-    q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
-    scale, T, H,
-    K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
-):
-    i_sh = gl.program_id(0)  # chunk slot * H + head
-    i_h = i_sh % H
-    slot = (i_sh // H).to(gl.int64)
+def _locate(item, n_items, T, H, BC: gl.constexpr):
+    """(first token, valid rows) of work item ``item`` (chunk slot * H + head); none past n_items."""
+    slot = (item // H).to(gl.int64)
     NT = gl.cdiv(T, BC)
     i_t = (slot % NT).to(gl.int32)
-    lenc = gl.minimum(T - i_t * BC, BC)
-    t0 = (slot // NT) * T + i_t * BC
-    p_hs = (slot * H + i_h) * K * V
+    return (slot // NT) * T + i_t * BC, gl.where(item < n_items, gl.minimum(T - i_t * BC, BC), 0)
 
-    # ---- the products over v: four [C, C] and four [C, K] ----
-    ca = gl.arange(0, BC, layout=gl.SliceLayout(1, LA))
-    va = gl.arange(0, BV, layout=gl.SliceLayout(0, LA))
-    p_ya = ((t0 + ca[:, None]) * H + i_h) * V + va[None, :]
-    m_ya = (ca[:, None] < lenc) & (va[None, :] < V)
-    b_do = gl.convert_layout(_v_rows(gl.load(do + p_ya, mask=m_ya, other=0.)), AN)
-    b_dr = gl.convert_layout(_v_rows(gl.load(dr + p_ya, mask=m_ya, other=0.)), AN)
-    b_v = gl.convert_layout(_v_rows(gl.load(v + p_ya, mask=m_ya, other=0.)), AN)
-    b_u = gl.convert_layout(_v_rows(gl.load(u + p_ya, mask=m_ya, other=0.)), AN)
-    vr = gl.arange(0, BV, layout=gl.SliceLayout(1, LBR))
-    cr = gl.arange(0, BC, layout=gl.SliceLayout(0, LBR))
-    p_yr = ((t0 + cr[None, :]) * H + i_h) * V + vr[:, None]
-    m_yr = (cr[None, :] < lenc) & (vr[:, None] < V)
-    b_vT = gl.convert_layout(_v_cols(gl.load(v + p_yr, mask=m_yr, other=0.)), BR)
-    b_uT = gl.convert_layout(_v_cols(gl.load(u + p_yr, mask=m_yr, other=0.)), BR)
-    vb = gl.arange(0, BV, layout=gl.SliceLayout(1, LB))
-    nb = gl.arange(0, BK, layout=gl.SliceLayout(0, LB))
-    p_s = p_hs + _kmem(nb)[None, :] * V + vb[:, None]  # the states are stored [K, V]
-    m_s = (nb[None, :] < K) & (vb[:, None] < V) & (lenc > 0)
-    S0T = gl.convert_layout(_v_cols(gl.load(h + p_s, mask=m_s, other=0.)), BN)
-    dST = gl.convert_layout(_v_cols(gl.load(dh + p_s, mask=m_s, other=0.)), BN)
 
-    zr = gl.zeros([BC, BC], gl.float32, layout=MR)
-    r_do = gl.convert_layout(b_do, AR, assert_trivial=True)
-    r_dr = gl.convert_layout(b_dr, AR, assert_trivial=True)
-    dAqk = mma_v2(r_do, b_vT, zr)
-    dAqb = mma_v2(r_do, b_uT, zr)
-    dAak = mma_v2(r_dr, b_vT, zr)
-    dAab = mma_v2(r_dr, b_uT, zr)
-    zn = gl.zeros([BC, BK], gl.float32, layout=MN)
-    dQw = mma_v2(b_do, S0T, zn)
-    dAw = mma_v2(b_dr, S0T, zn)
-    dKw = mma_v2(b_v, dST, zn)
-    dBw = mma_v2(b_u, dST, zn)
-    dgS = gl.convert_layout(gl.sum(dST.to(gl.float32) * S0T.to(gl.float32), 0), gl.SliceLayout(0, MN))
+@gluon.jit
+def _issue(item, t0, lenc, stage, s_do, s_dr, s_v, s_u, s_q, s_k, s_a, s_b, s_g, s_h, s_dh,
+           q, k, v, a, b, gk, h, dh, u, dr, do, H, K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr):
+    """Start the copies of one work item's tiles (rows t0 .. t0 + lenc) into stage ``stage``: one shared
+    allocation per tile, as the copies into one allocation are ordered by barriers (Triton's analysis does not
+    separate its parts)."""
+    i_h = item % H
+    slot = (item // H).to(gl.int64)
+    r = gl.arange(0, BC, layout=gl.SliceLayout(1, LC))
+    c = gl.arange(0, 64, layout=gl.SliceLayout(0, LC))
+    m = (r[:, None] < lenc) & (c[None, :] < 64)
+    p_y = ((t0 + r[:, None]) * H + i_h) * V + c[None, :]
+    cp.async_copy_global_to_shared(s_do.index(stage), do + p_y, mask=m)
+    cp.async_copy_global_to_shared(s_dr.index(stage), dr + p_y, mask=m)
+    cp.async_copy_global_to_shared(s_v.index(stage), v + p_y, mask=m)
+    cp.async_copy_global_to_shared(s_u.index(stage), u + p_y, mask=m)
+    p_x = ((t0 + r[:, None]) * H + i_h) * K + c[None, :]
+    cp.async_copy_global_to_shared(s_q.index(stage), q + p_x, mask=m)
+    cp.async_copy_global_to_shared(s_k.index(stage), k + p_x, mask=m)
+    cp.async_copy_global_to_shared(s_a.index(stage), a + p_x, mask=m)
+    cp.async_copy_global_to_shared(s_b.index(stage), b + p_x, mask=m)
+    cp.async_copy_global_to_shared(s_g.index(stage), gk + p_x, mask=m)
+    rs = gl.arange(0, 64, layout=gl.SliceLayout(1, LC))
+    # shared row r holds the states' K row _kmem(r): K in MN's order; the states are stored [K, V]
+    p_s = (slot * H + i_h) * K * V + _kmem(rs)[:, None] * V + c[None, :]
+    m_s = (rs[:, None] < K) & (c[None, :] < V) & (lenc > 0)
+    cp.async_copy_global_to_shared(s_h.index(stage), h + p_s, mask=m_s)
+    cp.async_copy_global_to_shared(s_dh.index(stage), dh + p_s, mask=m_s)
+    cp.commit_group()
 
-    # ---- the gates and the gate-scaled tiles, as the Triton form's _token_gates ----
-    cq = gl.arange(0, BC, layout=gl.SliceLayout(1, LQ))
-    kq = gl.arange(0, BK, layout=gl.SliceLayout(0, LQ))
-    p_x = ((t0 + cq[:, None]) * H + i_h) * K + kq[None, :]
-    m_x = (cq[:, None] < lenc) & (kq[None, :] < K)
-    b_q = _load_q(q, p_x, m_x)
-    b_k = _load_q(k, p_x, m_x)
-    b_a = _load_q(a, p_x, m_x)
-    b_b = _load_q(b, p_x, m_x)
-    g_raw = _load_q(gk, p_x, m_x)
-    g = gl.maximum(g_raw, GATE_BOUND)  # declared bound: keeps every exponent of the factored form finite
-    gam = _g_cumsum(g, False)
-    gamp = gam - g
-    gCv = gl.sum(g, 0)
-    ed = gl.exp(gl.expand_dims(gCv, 0) - gam)
-    Qw = (b_q * gl.exp(gam)).to(gl.bfloat16).to(gl.float32)
-    Aw = (b_a * gl.exp(gamp)).to(gl.bfloat16).to(gl.float32)
-    Bw = (b_b * ed).to(gl.bfloat16).to(gl.float32)
-    Kw = (b_k * ed).to(gl.bfloat16).to(gl.float32)
-    # gradient of gamma_C (see the Triton form)
-    dgC = gl.exp(gCv) * dgS + gl.sum(Bw * dBw + Kw * dKw, 0)
 
-    # ---- the intra-chunk gradients, factored form centred at row C/2 - 1 (_intra_bwd_factored) ----
+@gluon.jit
+def chunk_dplr_bwd_kernel(
+    q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
+    scale, T, H, n_items,
+    K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
+):
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    s_do = gl.allocate_shared_memory(gl.bfloat16, [2, BC, BV], SH)
+    s_dr = gl.allocate_shared_memory(gl.bfloat16, [2, BC, BV], SH)
+    s_v = gl.allocate_shared_memory(gl.bfloat16, [2, BC, BV], SH)
+    s_u = gl.allocate_shared_memory(gl.bfloat16, [2, BC, BV], SH)
+    s_q = gl.allocate_shared_memory(gl.bfloat16, [2, BC, BK], SH)
+    s_k = gl.allocate_shared_memory(gl.bfloat16, [2, BC, BK], SH)
+    s_a = gl.allocate_shared_memory(gl.bfloat16, [2, BC, BK], SH)
+    s_b = gl.allocate_shared_memory(gl.bfloat16, [2, BC, BK], SH)
+    s_g = gl.allocate_shared_memory(gk.dtype.element_ty, [2, BC, BK], SH)
+    s_h = gl.allocate_shared_memory(h.dtype.element_ty, [2, BK, BV], SH)
+    s_dh = gl.allocate_shared_memory(dh.dtype.element_ty, [2, BK, BV], SH)
+    t0, lenc = _locate(pid, n_items, T, H, BC)
+    _issue(pid, t0, lenc, 0, s_do, s_dr, s_v, s_u, s_q, s_k, s_a, s_b, s_g, s_h, s_dh,
+           q, k, v, a, b, gk, h, dh, u, dr, do, H, K, V, BC)
+    nx_t0, nx_len = _locate(pid + nprog, n_items, T, H, BC)
     cn = gl.arange(0, BC, layout=gl.SliceLayout(1, MN))
     rr = gl.arange(0, BC, layout=gl.SliceLayout(1, MR))
     cc = gl.arange(0, BC, layout=gl.SliceLayout(0, MR))
     low = rr[:, None] >= cc[None, :]
     slow = rr[:, None] > cc[None, :]
-    dAqk = gl.where(low, dAqk * scale, 0.)
-    dAqb = gl.where(low, dAqb * scale, 0.)
-    dAak = gl.where(slow, dAak, 0.)
-    dAab = gl.where(slow, dAab, 0.)
-    gr = gl.expand_dims(gl.sum(gl.where(cn[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
-    fq = gl.exp(gam - gr)
-    fk = gl.exp(gr - gam)
-    fa = gl.exp(gamp - gr)
-    Qf = b_q * fq
-    Kf = b_k * fk
-    Bf = b_b * fk
-    Af = b_a * fa
-    Kf_b = gl.convert_layout(Kf, BN1)
-    Bf_b = gl.convert_layout(Bf, BN1)
-    Qf_b = gl.convert_layout(Qf, BN1)
-    Af_b = gl.convert_layout(Af, BN1)
-    dQf = _intra(dAqk, Kf_b, dAqb, Bf_b)
-    dAf = _intra(dAak, Kf_b, dAab, Bf_b)
-    # dK~ = dA_qk^T Q~ + dA_ak^T A~, dB~ = dA_qb^T Q~ + dA_ab^T A~: the transposes stay within each warp
-    dKf = _intra(gl.permute(dAqk, (1, 0)), Qf_b, gl.permute(dAak, (1, 0)), Af_b)
-    dBf = _intra(gl.permute(dAqb, (1, 0)), Qf_b, gl.permute(dAab, (1, 0)), Af_b)
-    xa_i = Af * dAf
-    x_i = Qf * dQf - Kf * dKf - Bf * dBf + xa_i
+    cq = gl.arange(0, BC, layout=gl.SliceLayout(1, LQ))
+    kq = gl.arange(0, BK, layout=gl.SliceLayout(0, LQ))
+    for item in range(pid, n_items, nprog):
+        stage = ((item - pid) // nprog) % 2
+        cp.wait_group(0)
+        gl.thread_barrier()  # this stage's tiles visible to every warp; every warp done reading the other stage
+        # the next item's copies run while this one is computed
+        _issue(item + nprog, nx_t0, nx_len, 1 - stage, s_do, s_dr, s_v, s_u, s_q, s_k, s_a, s_b, s_g, s_h, s_dh,
+               q, k, v, a, b, gk, h, dh, u, dr, do, H, K, V, BC)
+        nn_t0, nn_len = _locate(item + 2 * nprog, n_items, T, H, BC)
+        i_h = item % H
 
-    # ---- combine and store ----
-    dQw = dQw * scale
-    xa = Aw * dAw + xa_i
-    x = Qw * dQw - Kw * dKw - Bw * dBw + Aw * dAw + x_i
-    # the kernel computes with max(gk, bound): no gradient below the bound
-    b_dg = gl.where(g_raw >= GATE_BOUND, _g_cumsum(x, True) - xa + gl.expand_dims(dgC, 0), 0.)
-    _store_q(dq, p_x, m_x, dQw * gl.exp(gam) + dQf * fq)
-    _store_q(dk, p_x, m_x, dKw * ed + dKf * fk)
-    _store_q(da, p_x, m_x, dAw * gl.exp(gamp) + dAf * fa)
-    _store_q(db, p_x, m_x, dBw * ed + dBf * fk)
-    _store_q(dg, p_x, m_x, b_dg)
+        # ---- the products over v: four [C, C] and four [C, K] ----
+        b_do = s_do.index(stage).load(AN)
+        b_dr = s_dr.index(stage).load(AN)
+        b_v = s_v.index(stage).load(AN)
+        b_u = s_u.index(stage).load(AN)
+        b_vT = s_v.index(stage).permute((1, 0)).load(BR)
+        b_uT = s_u.index(stage).permute((1, 0)).load(BR)
+        S0T = s_h.index(stage).permute((1, 0)).load(BN)
+        dST = s_dh.index(stage).permute((1, 0)).load(BN)
+        zr = gl.zeros([BC, BC], gl.float32, layout=MR)
+        r_do = gl.convert_layout(b_do, AR, assert_trivial=True)
+        r_dr = gl.convert_layout(b_dr, AR, assert_trivial=True)
+        dAqk = mma_v2(r_do, b_vT, zr)
+        dAqb = mma_v2(r_do, b_uT, zr)
+        dAak = mma_v2(r_dr, b_vT, zr)
+        dAab = mma_v2(r_dr, b_uT, zr)
+        zn = gl.zeros([BC, BK], gl.float32, layout=MN)
+        dQw = mma_v2(b_do, S0T, zn)
+        dAw = mma_v2(b_dr, S0T, zn)
+        dKw = mma_v2(b_v, dST, zn)
+        dBw = mma_v2(b_u, dST, zn)
+        dgS = gl.convert_layout(gl.sum(dST.to(gl.float32) * S0T.to(gl.float32), 0), gl.SliceLayout(0, MN))
+
+        # ---- the gates and the gate-scaled tiles, as the Triton form's _token_gates ----
+        b_q = _in_mn(s_q.index(stage))
+        b_k = _in_mn(s_k.index(stage))
+        b_a = _in_mn(s_a.index(stage))
+        b_b = _in_mn(s_b.index(stage))
+        g_raw = _in_mn(s_g.index(stage))
+        g = gl.maximum(g_raw, GATE_BOUND)  # declared bound: keeps every exponent of the factored form finite
+        gam = _g_cumsum(g, False)
+        gamp = gam - g
+        gCv = gl.sum(g, 0)
+        ed = gl.exp(gl.expand_dims(gCv, 0) - gam)
+        Qw = (b_q * gl.exp(gam)).to(gl.bfloat16).to(gl.float32)
+        Aw = (b_a * gl.exp(gamp)).to(gl.bfloat16).to(gl.float32)
+        Bw = (b_b * ed).to(gl.bfloat16).to(gl.float32)
+        Kw = (b_k * ed).to(gl.bfloat16).to(gl.float32)
+        # gradient of gamma_C (see the Triton form)
+        dgC = gl.exp(gCv) * dgS + gl.sum(Bw * dBw + Kw * dKw, 0)
+
+        # ---- the intra-chunk gradients, factored form centred at row C/2 - 1 (_intra_bwd_factored) ----
+        dAqk = gl.where(low, dAqk * scale, 0.)
+        dAqb = gl.where(low, dAqb * scale, 0.)
+        dAak = gl.where(slow, dAak, 0.)
+        dAab = gl.where(slow, dAab, 0.)
+        gr = gl.expand_dims(gl.sum(gl.where(cn[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+        fq = gl.exp(gam - gr)
+        fk = gl.exp(gr - gam)
+        fa = gl.exp(gamp - gr)
+        Qf = b_q * fq
+        Kf = b_k * fk
+        Bf = b_b * fk
+        Af = b_a * fa
+        Kf_b = gl.convert_layout(Kf, BN1)
+        Bf_b = gl.convert_layout(Bf, BN1)
+        Qf_b = gl.convert_layout(Qf, BN1)
+        Af_b = gl.convert_layout(Af, BN1)
+        dQf = _intra(dAqk, Kf_b, dAqb, Bf_b)
+        dAf = _intra(dAak, Kf_b, dAab, Bf_b)
+        # dK~ = dA_qk^T Q~ + dA_ak^T A~, dB~ = dA_qb^T Q~ + dA_ab^T A~: the transposes stay within each warp
+        dKf = _intra(gl.permute(dAqk, (1, 0)), Qf_b, gl.permute(dAak, (1, 0)), Af_b)
+        dBf = _intra(gl.permute(dAqb, (1, 0)), Qf_b, gl.permute(dAab, (1, 0)), Af_b)
+        xa_i = Af * dAf
+        x_i = Qf * dQf - Kf * dKf - Bf * dBf + xa_i
+
+        # ---- combine and store ----
+        dQw = dQw * scale
+        xa = Aw * dAw + xa_i
+        x = Qw * dQw - Kw * dKw - Bw * dBw + Aw * dAw + x_i
+        # the kernel computes with max(gk, bound): no gradient below the bound
+        b_dg = gl.where(g_raw >= GATE_BOUND, _g_cumsum(x, True) - xa + gl.expand_dims(dgC, 0), 0.)
+        p_x = ((t0 + cq[:, None]) * H + i_h) * K + kq[None, :]
+        m_x = (cq[:, None] < lenc) & (kq[None, :] < K)
+        _store_q(dq, p_x, m_x, dQw * gl.exp(gam) + dQf * fq)
+        _store_q(dk, p_x, m_x, dKw * ed + dKf * fk)
+        _store_q(da, p_x, m_x, dAw * gl.exp(gamp) + dAf * fa)
+        _store_q(db, p_x, m_x, dBw * ed + dBf * fk)
+        _store_q(dg, p_x, m_x, b_dg)
+        t0, lenc = nx_t0, nx_len
+        nx_t0, nx_len = nn_t0, nn_len
+    cp.wait_group(0)  # no copy outlives the program (the last ones are masked off, past n_items)
 
 
 # the Triton forms of the Gluon kernels: what Triton's interpreter runs in their place (runtime.KernelSet), and what
@@ -878,7 +908,7 @@ SIGNATURES = {
         "do": "*bf16",
         "dq": "*bf16", "dk": "*bf16", "da": "*bf16", "db": "*bf16",
         "dg": "*fp32",
-        "scale": "fp32", "T": "i32", "H": "i32",
+        "scale": "fp32", "T": "i32", "H": "i32", "n_items": "i32",
     },
 }
 CONSTEXPRS = {
@@ -892,8 +922,10 @@ CONSTEXPRS = {
 # host-side choices of the driver (chunk_driver.py): the reverse pass beside the states pass (knob bwd_dh.overlap);
 # the tokens per slot of the kept states h and dh (knob bwd.states_every; the token pass's chunk by default)
 # the small-grid copies (knob launch_below_sms): launched where the main kernel's grid has fewer programs than
-# this many times the device's SMs
+# this many times the device's SMs; the persistent kernels (their last argument n_items, the count of work items:
+# launched with at most as many programs as the device holds at once, chunk_driver.persistent_launch)
 OPTIONS = {"overlap_state_passes": True, "states_every": 16,
+           "persistent": ["chunk_dplr_bwd_kernel"],
            "small_grid_below_sms": {
                "chunk_dplr_fwd_kernel": 4,
                "chunk_dplr_fwd_h_kernel": 4,
