@@ -763,13 +763,6 @@ def chunk_dplr_bwd_kernel(
     _issue(pid, t0, lenc, 0, s_do, s_dr, s_v, s_u, s_q, s_k, s_a, s_b, s_g, s_h, s_dh,
            q, k, v, a, b, gk, h, dh, u, dr, do, H, K, V, BC)
     nx_t0, nx_len = _locate(pid + nprog, n_items, T, H, BC)
-    cn = gl.arange(0, BC, layout=gl.SliceLayout(1, MN))
-    rr = gl.arange(0, BC, layout=gl.SliceLayout(1, MR))
-    cc = gl.arange(0, BC, layout=gl.SliceLayout(0, MR))
-    low = rr[:, None] >= cc[None, :]
-    slow = rr[:, None] > cc[None, :]
-    cq = gl.arange(0, BC, layout=gl.SliceLayout(1, LQ))
-    kq = gl.arange(0, BK, layout=gl.SliceLayout(0, LQ))
     for item in range(pid, n_items, nprog):
         stage = ((item - pid) // nprog) % 2
         cp.wait_group(0)
@@ -781,47 +774,53 @@ def chunk_dplr_bwd_kernel(
         i_h = item % H
 
         # ---- the products over v: four [C, C] and four [C, K] ----
-        b_do = s_do.index(stage).load(AN)
-        b_dr = s_dr.index(stage).load(AN)
-        b_v = s_v.index(stage).load(AN)
-        b_u = s_u.index(stage).load(AN)
+        # each operand read from shared memory just before its products, so that few are live at once (the
+        # loop's registers are full)
+        zr = gl.zeros([BC, BC], gl.float32, layout=MR)
+        zn = gl.zeros([BC, BK], gl.float32, layout=MN)
         b_vT = s_v.index(stage).permute((1, 0)).load(BR)
         b_uT = s_u.index(stage).permute((1, 0)).load(BR)
-        S0T = s_h.index(stage).permute((1, 0)).load(BN)
-        dST = s_dh.index(stage).permute((1, 0)).load(BN)
-        zr = gl.zeros([BC, BC], gl.float32, layout=MR)
+        b_do = s_do.index(stage).load(AN)
         r_do = gl.convert_layout(b_do, AR, assert_trivial=True)
-        r_dr = gl.convert_layout(b_dr, AR, assert_trivial=True)
         dAqk = mma_v2(r_do, b_vT, zr)
         dAqb = mma_v2(r_do, b_uT, zr)
+        S0T = s_h.index(stage).permute((1, 0)).load(BN)
+        dQw = mma_v2(b_do, S0T, zn)
+        b_dr = s_dr.index(stage).load(AN)
+        r_dr = gl.convert_layout(b_dr, AR, assert_trivial=True)
         dAak = mma_v2(r_dr, b_vT, zr)
         dAab = mma_v2(r_dr, b_uT, zr)
-        zn = gl.zeros([BC, BK], gl.float32, layout=MN)
-        dQw = mma_v2(b_do, S0T, zn)
         dAw = mma_v2(b_dr, S0T, zn)
-        dKw = mma_v2(b_v, dST, zn)
-        dBw = mma_v2(b_u, dST, zn)
+        dST = s_dh.index(stage).permute((1, 0)).load(BN)
         dgS = gl.convert_layout(gl.sum(dST.to(gl.float32) * S0T.to(gl.float32), 0), gl.SliceLayout(0, MN))
+        dKw = mma_v2(s_v.index(stage).load(AN), dST, zn)
+        dBw = mma_v2(s_u.index(stage).load(AN), dST, zn)
 
         # ---- the gates and the gate-scaled tiles, as the Triton form's _token_gates ----
-        b_q = _in_mn(s_q.index(stage))
-        b_k = _in_mn(s_k.index(stage))
-        b_a = _in_mn(s_a.index(stage))
-        b_b = _in_mn(s_b.index(stage))
-        g_raw = _in_mn(s_g.index(stage))
-        g = gl.maximum(g_raw, GATE_BOUND)  # declared bound: keeps every exponent of the factored form finite
+        # (the inputs are read from shared memory again where used, rather than kept live: this stage's tiles
+        # stay there until the next iteration's barrier, and the loop's registers are full)
+        g = gl.maximum(_in_mn(s_g.index(stage)), GATE_BOUND)  # the declared bound: every factored exponent finite
         gam = _g_cumsum(g, False)
         gamp = gam - g
         gCv = gl.sum(g, 0)
         ed = gl.exp(gl.expand_dims(gCv, 0) - gam)
-        Qw = (b_q * gl.exp(gam)).to(gl.bfloat16).to(gl.float32)
-        Aw = (b_a * gl.exp(gamp)).to(gl.bfloat16).to(gl.float32)
-        Bw = (b_b * ed).to(gl.bfloat16).to(gl.float32)
-        Kw = (b_k * ed).to(gl.bfloat16).to(gl.float32)
-        # gradient of gamma_C (see the Triton form)
+        Qw = (_in_mn(s_q.index(stage)) * gl.exp(gam)).to(gl.bfloat16).to(gl.float32)
+        Aw = (_in_mn(s_a.index(stage)) * gl.exp(gamp)).to(gl.bfloat16).to(gl.float32)
+        Bw = (_in_mn(s_b.index(stage)) * ed).to(gl.bfloat16).to(gl.float32)
+        Kw = (_in_mn(s_k.index(stage)) * ed).to(gl.bfloat16).to(gl.float32)
+        # gradient of gamma_C (see the Triton form), and the state path's terms of dg: the rounded tiles die here
         dgC = gl.exp(gCv) * dgS + gl.sum(Bw * dBw + Kw * dKw, 0)
+        dQw = dQw * scale
+        xa = Aw * dAw
+        x = Qw * dQw - Kw * dKw - Bw * dBw + xa
 
         # ---- the intra-chunk gradients, factored form centred at row C/2 - 1 (_intra_bwd_factored) ----
+        # (index tiles formed where they are used: none stays live through the loop)
+        cn = gl.arange(0, BC, layout=gl.SliceLayout(1, MN))
+        rr = gl.arange(0, BC, layout=gl.SliceLayout(1, MR))
+        cc = gl.arange(0, BC, layout=gl.SliceLayout(0, MR))
+        low = rr[:, None] >= cc[None, :]
+        slow = rr[:, None] > cc[None, :]
         dAqk = gl.where(low, dAqk * scale, 0.)
         dAqb = gl.where(low, dAqb * scale, 0.)
         dAak = gl.where(slow, dAak, 0.)
@@ -830,34 +829,31 @@ def chunk_dplr_bwd_kernel(
         fq = gl.exp(gam - gr)
         fk = gl.exp(gr - gam)
         fa = gl.exp(gamp - gr)
-        Qf = b_q * fq
-        Kf = b_k * fk
-        Bf = b_b * fk
-        Af = b_a * fa
-        Kf_b = gl.convert_layout(Kf, BN1)
-        Bf_b = gl.convert_layout(Bf, BN1)
-        Qf_b = gl.convert_layout(Qf, BN1)
-        Af_b = gl.convert_layout(Af, BN1)
+        Kf_b = gl.convert_layout(_in_mn(s_k.index(stage)) * fk, BN1)
+        Bf_b = gl.convert_layout(_in_mn(s_b.index(stage)) * fk, BN1)
+        Qf_b = gl.convert_layout(_in_mn(s_q.index(stage)) * fq, BN1)
+        Af_b = gl.convert_layout(_in_mn(s_a.index(stage)) * fa, BN1)
         dQf = _intra(dAqk, Kf_b, dAqb, Bf_b)
         dAf = _intra(dAak, Kf_b, dAab, Bf_b)
         # dK~ = dA_qk^T Q~ + dA_ak^T A~, dB~ = dA_qb^T Q~ + dA_ab^T A~: the transposes stay within each warp
         dKf = _intra(gl.permute(dAqk, (1, 0)), Qf_b, gl.permute(dAak, (1, 0)), Af_b)
         dBf = _intra(gl.permute(dAqb, (1, 0)), Qf_b, gl.permute(dAab, (1, 0)), Af_b)
-        xa_i = Af * dAf
-        x_i = Qf * dQf - Kf * dKf - Bf * dBf + xa_i
+        xa_i = _in_mn(s_a.index(stage)) * fa * dAf
+        x_i = _in_mn(s_q.index(stage)) * fq * dQf - _in_mn(s_k.index(stage)) * fk * dKf \
+            - _in_mn(s_b.index(stage)) * fk * dBf + xa_i
 
         # ---- combine and store ----
-        dQw = dQw * scale
-        xa = Aw * dAw + xa_i
-        x = Qw * dQw - Kw * dKw - Bw * dBw + Aw * dAw + x_i
-        # the kernel computes with max(gk, bound): no gradient below the bound
-        b_dg = gl.where(g_raw >= GATE_BOUND, _g_cumsum(x, True) - xa + gl.expand_dims(dgC, 0), 0.)
+        cq = gl.arange(0, BC, layout=gl.SliceLayout(1, LQ))
+        kq = gl.arange(0, BK, layout=gl.SliceLayout(0, LQ))
         p_x = ((t0 + cq[:, None]) * H + i_h) * K + kq[None, :]
         m_x = (cq[:, None] < lenc) & (kq[None, :] < K)
         _store_q(dq, p_x, m_x, dQw * gl.exp(gam) + dQf * fq)
         _store_q(dk, p_x, m_x, dKw * ed + dKf * fk)
         _store_q(da, p_x, m_x, dAw * gl.exp(gamp) + dAf * fa)
         _store_q(db, p_x, m_x, dBw * ed + dBf * fk)
+        # the kernel computes with max(gk, bound): no gradient below the bound
+        b_dg = gl.where(_in_mn(s_g.index(stage)) >= GATE_BOUND,
+                        _g_cumsum(x + x_i, True) - (xa + xa_i) + gl.expand_dims(dgC, 0), 0.)
         _store_q(dg, p_x, m_x, b_dg)
         t0, lenc = nx_t0, nx_len
         nx_t0, nx_len = nn_t0, nn_len
