@@ -6,4 +6,4 @@ export PYTHONUNBUFFERED=1
 . scripts/gpu_setup.sh > /dev/null
 D=benchmarks/edits/session22
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu18.log
-timeout 200 python3 $D/direct_dense.py $D/exp_dense_db570c1.py table=$D/exp_dense_table.py redux=$D/exp_dense_table_redux.py 16x2048x32 2>&1 | tee -a $OUT/gpu18.log
+timeout 200 python3 $D/direct_dense.py $D/exp_dense_db570c1.py table=$D/exp_dense_table.py smem=$D/exp_dense_table_smem.py 16x2048x32 2>&1 | tee -a $OUT/gpu18.log
