@@ -796,8 +796,9 @@ def chunk_dplr_bwd_kernel(
         i_h = item % H
 
         # ---- the products over v: four [C, C] and four [C, K] ----
-        # each operand read from shared memory just before its products, so that few are live at once (the
-        # loop's registers are full)
+        # each operand read from shared memory just before its products, so that few need be live at once (the
+        # loop's registers are full; with this order and the gates' below no bf16 unit spills, at the same speed:
+        # docs/perf_notes.md 49)
         zr = gl.zeros([BC, BC], gl.float32, layout=MR)
         zn = gl.zeros([BC, BK], gl.float32, layout=MN)
         b_vT = s_v.index(stage).permute((1, 0)).load(BR)
@@ -819,8 +820,8 @@ def chunk_dplr_bwd_kernel(
         dBw = mma_v2(s_u.index(stage).load(AN), dST, zn)
 
         # ---- the gates and the gate-scaled tiles, as the Triton form's _token_gates ----
-        # (the inputs are read from shared memory again where used, rather than kept live: this stage's tiles
-        # stay there until the next iteration's barrier, and the loop's registers are full)
+        # (the source reads the inputs from shared memory where it uses them, this stage's tiles staying there until
+        # the next iteration's barrier; the compiler may merge the reads, which it then keeps live itself)
         g = gl.maximum(_in_mn(s_g.index(stage)), GATE_BOUND)  # the declared bound: every factored exponent finite
         gam = _g_cumsum(g, False)
         gamp = gam - g
