@@ -13,7 +13,9 @@ h and dh are kept only where its chunks start and end, in slots of TC tokens.
 
 from __future__ import annotations
 
+import collections
 import functools
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -92,6 +94,38 @@ def chunk_map_from_cu_seqlens(cu_seqlens: torch.Tensor, C: int, n_slots: int) ->
     return torch.stack([n, i_t], 1).to(torch.int32).contiguous()
 
 
+# slot_map's cache: (id of cu_seqlens, C, n_slots, stream) -> (weak reference to cu_seqlens, its version, map)
+_SLOT_MAPS: "collections.OrderedDict[tuple, tuple[weakref.ref, int, torch.Tensor]]" = collections.OrderedDict()
+_SLOT_MAPS_KEPT = 16
+
+
+def slot_map(cu_seqlens: torch.Tensor, C: int, n_slots: int, offsets: list[int] | None = None) -> torch.Tensor:
+    """chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots), kept per process for the last few cu_seqlens tensors
+    (keyed by the tensor's identity and version, and the stream): a call's backward and every other layer of a
+    model that passes the same cu_seqlens reuse the map instead of building it again. Where the caller has read
+    the sequence starts on the host (``offsets``, as eager calls do to check them), it is built there and copied
+    to the device once: the device build is ~20 small kernels (H100: 56-59 us of GPU time at 16 sequences,
+    docs/perf_notes.md 50). While torch.compile traces or a CUDA graph is captured it is built on the device from
+    the tensor each call, nothing cached (a replay must read the tensor's values then)."""
+    if torch.compiler.is_compiling() or (cu_seqlens.is_cuda and _capturing()):
+        return chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
+    stream = torch.cuda.current_stream(cu_seqlens.device).stream_id if cu_seqlens.is_cuda else None
+    key = (id(cu_seqlens), C, n_slots, stream)
+    hit = _SLOT_MAPS.get(key)
+    if hit is not None and hit[0]() is cu_seqlens and hit[1] == cu_seqlens._version:
+        _SLOT_MAPS.move_to_end(key)
+        return hit[2]
+    if offsets is not None:
+        # pageable host memory: the copy is staged at once, without waiting for the stream's earlier work
+        m = chunk_map_from_cu_seqlens(torch.tensor(offsets), C, n_slots).to(cu_seqlens.device, non_blocking=True)
+    else:
+        m = chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
+    _SLOT_MAPS[key] = (weakref.ref(cu_seqlens), cu_seqlens._version, m)
+    while len(_SLOT_MAPS) > _SLOT_MAPS_KEPT:
+        _SLOT_MAPS.popitem(last=False)
+    return m
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -142,7 +176,7 @@ def _cu_map(cu_seqlens: torch.Tensor | None, chunk_map: torch.Tensor | None, C: 
     given), or nothing for dense inputs."""
     if cu_seqlens is None:
         return []
-    return [cu_seqlens, chunk_map if chunk_map is not None else chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)]
+    return [cu_seqlens, chunk_map if chunk_map is not None else slot_map(cu_seqlens, C, n_slots)]
 
 
 class Prep(NamedTuple):
@@ -209,7 +243,7 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
 
 
 def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True,
-                   prep_for_bwd: bool = False):
+                   prep_for_bwd: bool = False, offsets: list[int] | None = None):
     """Returns (o, final_state [N, H, K, V] fp32, saved): the chunk-parallel prep (A matrices,
     (I - A_ab)^-1 and its products), then the sequential state pass, which also writes O and, if
     ``keep_states``, the state entering every token-pass chunk (``h``, see ``states_shape``) and U (as v)
@@ -218,7 +252,8 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     which writes the forward's operands too, and ``saved["prep"]`` keeps what the backward's passes read of it,
     so the backward runs no prep: one launch and one read of q, k, a, b, gk less, for ~4.8 [B, T, H, K]
     tensors (K = 64; ~5.4 at K = 128, whose deriving token pass also reads (B e^..)^T) held from the forward to
-    the backward instead of allocated in it."""
+    the backward instead of allocated in it. ``offsets``: cu_seqlens as the caller read it on the host, if it
+    did (``slot_map``)."""
     if prep_for_bwd and not keep_states:
         raise ValueError("prep_for_bwd: only a forward that keeps the states (keep_states) runs the backward's prep")
     B, T, H, K = q.shape
@@ -231,7 +266,7 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     else:  # never written (the kernel's stores are masked off): one element each for a valid pointer
         h, u = _empty((1,), boundary_dtype(q), dev), _empty((1,), v_.dtype, dev)
     saved = saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, (h, u) if keep_states else None,
-                               scale, cu_seqlens)
+                               scale, cu_seqlens, offsets)
     N, n_slots = saved["N"], saved["n_slots"]
     ht = _empty((N, H, K, V), torch.float32, dev)
     if prep_for_bwd:
@@ -254,18 +289,20 @@ def states_shape(ks, v, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None
     return (_layout(states_every(ks), q, cu_seqlens)[1], q.shape[2], q.shape[3], V)
 
 
-def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens) -> dict:
+def saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, states, scale: float, cu_seqlens,
+                       offsets: list[int] | None = None) -> dict:
     """What the backward needs: the inputs, the initial state and ``states`` = (the chunk-start states
     ``h``, U) from the forward, or None: the backward then recomputes them (no O); ``prep``: the backward's
     prep where the forward ran it (``chunk_dplr_fwd``'s prep_for_bwd), else None. Varlen: the slot maps of
-    the chunk-parallel kernels (C-token chunks; the token pass's TC-token chunks), built once here."""
+    the chunk-parallel kernels (C-token chunks; the token pass's TC-token chunks), from ``slot_map`` (``offsets``:
+    cu_seqlens as read on the host, if it was)."""
     C, TC = v.chunk_size, token_chunk(ks)
     N, n_slots = _layout(C, q, cu_seqlens)
     n_tslots = _layout(TC, q, cu_seqlens)[1]
     chunk_map = tchunk_map = None
     if cu_seqlens is not None:
-        chunk_map = chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
-        tchunk_map = chunk_map if TC == C else chunk_map_from_cu_seqlens(cu_seqlens, TC, n_tslots)
+        chunk_map = slot_map(cu_seqlens, C, n_slots, offsets)
+        tchunk_map = chunk_map if TC == C else slot_map(cu_seqlens, TC, n_tslots, offsets)
     return {
         "q": q, "k": k, "v": v_, "a": a, "b": b, "gk": gk, "h0": initial_state, "states": states, "prep": None,
         "scale": float(scale), "cu_seqlens": cu_seqlens, "chunk_map": chunk_map, "N": N, "n_slots": n_slots,

@@ -219,15 +219,16 @@ def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
 def _chunk_fwd_run(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
-    keep_states: bool, prep_for_bwd: bool = False,
+    keep_states: bool, prep_for_bwd: bool = False, offsets: Optional[list[int]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]:
     """(o, final state, then the chunk-start states h and U if ``keep_states``, else two empty tensors, then
-    the backward's prep if ``prep_for_bwd``: see chunk_driver.chunk_dplr_fwd)."""
+    the backward's prep if ``prep_for_bwd``: see chunk_driver.chunk_dplr_fwd; ``offsets``: cu_seqlens as
+    read on the host, if it was)."""
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
     o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens, keep_states,
-                                                prep_for_bwd)
+                                                prep_for_bwd, offsets)
     h, u = saved["states"] if keep_states else (h0.new_empty(0), v.new_empty(0))
     return o, ht, h, u, saved["prep"]
 
@@ -365,11 +366,11 @@ class _EagerOp(torch.autograd.Function):
     backward's peak."""
 
     @staticmethod
-    def forward(ctx: Any, op: str, keep_states: bool, prep_for_bwd: bool, *args: Any
+    def forward(ctx: Any, op: str, keep_states: bool, prep_for_bwd: bool, offsets: Optional[list[int]], *args: Any
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.prep = []  # the forward's run of the backward's prep, if any: taken by the first backward
         if op == "chunk":
-            *out, prep = _chunk_fwd_run(*args, keep_states, prep_for_bwd)
+            *out, prep = _chunk_fwd_run(*args, keep_states, prep_for_bwd, offsets)
             if prep is not None:
                 ctx.prep.append(prep)
         else:
@@ -381,7 +382,7 @@ class _EagerOp(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
         grads = _grads(ctx, ctx.op, do, dht, _chunk_bwd_run, prep=ctx.prep)
-        return (None, None, None, None, None, *grads, None, None)
+        return (None, None, None, None, None, None, *grads, None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -414,7 +415,9 @@ def _run(
     keep = bool(keep_states) and op == "chunk" and torch.is_grad_enabled() and any(t.requires_grad for t in args)
     if not torch.compiler.is_compiling():
         # the forward that keeps the states runs the backward's prep too (_EagerOp)
-        o, ht = _EagerOp.apply(op, keep, keep and PREP_IN_FORWARD, pkg, variant, *args, cu, info["scale"])
+        # (the sequence starts as read on the host for the checks: the varlen slot maps are built from them)
+        o, ht = _EagerOp.apply(op, keep, keep and PREP_IN_FORWARD, info["offsets"] or None, pkg, variant, *args, cu,
+                               info["scale"])
     elif op == "chunk":
         o, ht, _, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep)
     else:

@@ -75,6 +75,67 @@ def test_varlen_any_lengths(pkg) -> None:
         assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
 
 
+@pytest.mark.parametrize("host_offsets", [True, False])
+def test_varlen_slot_map_built_once_per_cu_seqlens(pkg, monkeypatch: pytest.MonkeyPatch, host_offsets: bool) -> None:
+    """The varlen slot map is built once for a cu_seqlens tensor: the forward builds it (from the host's
+    offsets where the call read them), its backward and a second call (another layer) on the same tensor
+    reuse it; an in-place change of the tensor or a new tensor builds it again. Gradients stay right."""
+    builds: list[str] = []
+    real = chunk_driver.chunk_map_from_cu_seqlens
+
+    def counted(cu: torch.Tensor, C: int, n_slots: int) -> torch.Tensor:
+        builds.append(str(cu.device) if cu.data_ptr() != cu_dev.data_ptr() else "from the tensor")
+        return real(cu, C, n_slots)
+
+    monkeypatch.setattr(chunk_driver, "chunk_map_from_cu_seqlens", counted)
+    monkeypatch.setattr(chunk_driver, "_SLOT_MAPS", type(chunk_driver._SLOT_MAPS)())
+    lens = [3, 17, 40]
+    cu_dev = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32, initial_state=False)
+
+    def step(cu: torch.Tensor) -> dict[str, torch.Tensor]:
+        xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items() if t is not None}
+        kw = {"cu_seqlens_cpu": cu.clone()} if host_offsets else {}
+        if not host_offsets:  # the offsets then come from cu itself; keep the call from reading them
+            monkeypatch.setattr(ops, "_check_inputs", lambda *a: {**check(*a), "offsets": None})
+        o, ht = ops.chunk_dplr_delta_rule(**xs, output_final_state=True, cu_seqlens=cu, package=pkg, **kw)
+        torch.autograd.backward((o, ht), (do, dht))
+        return {n: t.grad for n, t in xs.items()}
+
+    check = ops._check_inputs
+    do = torch.randn(1, sum(lens), 2, 32)
+    dht = torch.randn(len(lens), 2, 32, 32)
+    g = step(cu_dev)
+    assert builds == (["cpu"] if host_offsets else ["from the tensor"])  # forward once, backward reuses it
+    _, _, rg = reference_with_grads(x, None, cu_dev, do, dht)
+    for n in ("q", "k", "v", "a", "b", "gk"):
+        assert rel_err(g[n], rg[n]) <= 1e-5, n
+    step(cu_dev)  # another layer, the same tensor
+    assert len(builds) == 1
+    step(cu_dev.clone())  # equal values, another tensor
+    assert len(builds) == 2
+    # the same tensor changed in place: built again, and the gradients follow the new lengths
+    lens2 = [20, 1, 39]
+    cu_dev.copy_(torch.tensor([0, *torch.tensor(lens2).cumsum(0).tolist()], dtype=torch.int32))
+    g = step(cu_dev)
+    assert len(builds) == 3
+    _, _, rg = reference_with_grads(x, None, cu_dev, do, dht)
+    for n in ("q", "k", "v", "a", "b", "gk"):
+        assert rel_err(g[n], rg[n]) <= 1e-5, n
+
+
+def test_slot_map_from_host_offsets_equals_the_device_build() -> None:
+    lens = [1, 15, 16, 17, 64, 100, 3]
+    offs = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    cu = torch.tensor(offs, dtype=torch.int32)
+    for C in (16, 32, 64):
+        n_slots = offs[-1] // C + len(lens)
+        chunk_driver._SLOT_MAPS.clear()
+        host = chunk_driver.slot_map(cu, C, n_slots, offs)
+        assert torch.equal(host, chunk_driver.chunk_map_from_cu_seqlens(cu, C, n_slots))
+        assert host.dtype == torch.int32 and host.shape == (n_slots, 2)
+
+
 def test_extreme_gates_no_nan(pkg) -> None:
     x = rwkv7_inputs(1, 40, 2, 32, dtype=torch.float32)
     x["gk"][:, 3] = float("-inf")
