@@ -35,6 +35,9 @@ SMALL_GRID: bool | None = None
 # tests and benchmarks: force the states pass beside the reverse pass on (True) or off (False) whatever the
 # variant's knob says (None: the knob)
 OVERLAP: bool | None = None
+# tests and benchmarks: force the varlen token pass's launch per sequence on (True, wherever it can run) or off
+# (False); None: by per_sequence_launches' rule
+PER_SEQUENCE: bool | None = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -388,12 +391,86 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
     if len(steps) != (5 if derives_states(ks) else 0):
         raise ValueError(f"steps: {len(steps)} tensors given; this variant's token pass takes "
                          f"{'the 5 of state_step_operands(the backward prep)' if derives_states(ks) else 'none'}")
+    seqs = per_sequence_launches(ks, saved, nk, dev)
+    if seqs is not None:
+        _token_pass_per_sequence(saved["twin"], seqs, (q, k, v_, a, b, gk), h, dh, (u, dr, do, dq, dk, da, db, dg),
+                                 scale, nk)
+        return dq, dk, da, db, dg
     n_items = n_tslots * H * nk
     grid, extra = persistent_launch(ks, BWD, n_items, dev)
     getattr(ks, BWD)[(grid,)](
         q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, *steps,
         *_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), scale, T, H, *extra)
     return dq, dk, da, db, dg
+
+
+# The varlen token pass as one launch of the dense twin's kernel per sequence (per_sequence_launches): at most
+# this many sequences, each with at least this many waves of work items on the device (a launch costs ~13 us of
+# host time and leaves part of the device idle at its end; H100, the bench's 16 sequences: 2336-6368 items, 264
+# resident programs, docs/perf_notes.md 50).
+PER_SEQUENCE_MAX_SEQS = 64
+PER_SEQUENCE_MIN_WAVES = 4
+
+
+def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tuple[int, int, int]] | None:
+    """(first token, end token, first state slot) per sequence where the varlen token pass runs as a launch of
+    the dense twin variant's kernel per sequence, on views of that sequence's rows, states and outputs; else
+    None. Why: the persistent varlen kernel locates each work item through the slot map, and any location the
+    compiler cannot derive from the program id and the arguments costs it 20-25% (docs/perf_notes.md 49); a
+    sequence's own launch has its location in its arguments. Taken where ``saved`` holds the twin's kernel set
+    (``twin``, set by the ops where the package has it prebuilt) and the sequence starts as read on the host
+    (``offsets``), the twin's token pass walks the same chunks and kept states and derives none, no CUDA graph
+    is being captured (a replay would keep this call's launches whatever the lengths then), and, unless
+    PER_SEQUENCE forces it, there are few sequences, each with PER_SEQUENCE_MIN_WAVES waves of work items on
+    the device (the twin's residency known: a prebuilt persistent kernel)."""
+    twin, offs = saved.get("twin"), saved.get("offsets")
+    if PER_SEQUENCE is False or twin is None or offs is None or saved["cu_seqlens"] is None:
+        return None
+    TC = saved["TC"]
+    if (derives_states(ks) or derives_states(twin) or token_chunk(twin) != TC
+            or states_every(twin) != states_every(ks) or (device.type == "cuda" and _capturing())):
+        return None
+    H = saved["q"].shape[2]
+    seqs = [(bos, eos, bos // TC + n) for n, (bos, eos) in enumerate(zip(offs[:-1], offs[1:]))]
+    if PER_SEQUENCE is None:
+        resident = twin.resident_per_sm(BWD, device) if device.type == "cuda" else None
+        if not resident or BWD not in twin.option("persistent", ()) or len(seqs) > PER_SEQUENCE_MAX_SEQS:
+            return None
+        wave = resident * _device_sms(device)
+        if min(_cdiv(eos - bos, TC) * H * nk for bos, eos, _ in seqs) < PER_SEQUENCE_MIN_WAVES * wave:
+            return None
+    return seqs
+
+
+def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tuple[torch.Tensor, ...],
+                             h: torch.Tensor, dh: torch.Tensor, rows: tuple[torch.Tensor, ...], scale: float,
+                             nk: int) -> None:
+    """The token pass as a launch of the dense kernel ``twin`` per sequence (per_sequence_launches): its rows of
+    ``inputs`` (q, k, v, a, b, gk) and ``rows`` (U, dR, dO, then the outputs dq, dk, da, db, dg), its kept
+    states. On CUDA, consecutive sequences alternate between the current stream and a side one, so that a
+    launch's programs start while the last ones of the launch before finish (H100, the bench's 16 sequences:
+    1.26 ms with the varlen kernel, 1.19 one stream, 1.08-1.11 two; docs/perf_notes.md 50); the current stream
+    waits for the side one before this returns, and every tensor here was allocated before the fork, so none
+    of their memory is handed out again before both streams are done with it."""
+    dev = h.device
+    H = inputs[0].shape[2]
+    kern = getattr(twin, BWD)
+    side = _side_stream(dev) if dev.type == "cuda" else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(dev))
+    for i, (bos, eos, first) in enumerate(seqs):
+        nch = _cdiv(eos - bos, token_chunk(twin))
+        grid, extra = persistent_launch(twin, BWD, nch * H * nk, dev)
+        tok = (slice(None), slice(bos, eos))
+        args = (*(t[tok] for t in inputs), h[first:first + nch], dh[first:first + nch], *(t[tok] for t in rows),
+                scale, eos - bos, H, *extra)
+        if side is not None and i % 2:
+            with torch.cuda.stream(side):
+                kern[(grid,)](*args)
+        else:
+            kern[(grid,)](*args)
+    if side is not None:
+        torch.cuda.current_stream(dev).wait_stream(side)
 
 
 def chunk_dplr_bwd(ks, v, saved, do, dht):

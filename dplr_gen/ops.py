@@ -9,6 +9,7 @@ then also runs the backward's prep for it: see _EagerOp).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
@@ -246,17 +247,20 @@ def _chunk_bwd_run(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
     do: torch.Tensor, dht: Optional[torch.Tensor], h: Optional[torch.Tensor], u: Optional[torch.Tensor],
-    prep: Optional[list[Any]] = None,
+    prep: Optional[list[Any]] = None, offsets: Optional[list[int]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of (q, k, v, a, b, gk, h0); the chunk-start states ``h`` and U are recomputed unless given,
     and so is the backward's prep unless ``prep`` holds the forward's run of it. It is taken out of that list
-    here, so that only ``saved`` refers to it and the backward frees it before its token pass."""
+    here, so that only ``saved`` refers to it and the backward frees it before its token pass. ``offsets``:
+    cu_seqlens as the forward read it on the host, if it did."""
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
     kept = (h, u) if h is not None and h.numel() > 0 and u is not None else None
-    saved = chunk_driver.saved_for_backward(ks, var, q, k, v, a, b, gk, h0, kept, scale, cu_seqlens)
+    saved = chunk_driver.saved_for_backward(ks, var, q, k, v, a, b, gk, h0, kept, scale, cu_seqlens, offsets)
     saved["prep"] = prep.pop() if prep else None
+    if offsets is not None:  # the token pass may run a launch per sequence (chunk_driver.per_sequence_launches)
+        saved["offsets"], saved["twin"] = offsets, _dense_twin(pkg, variant, q.device)
     return tuple(chunk_driver.chunk_dplr_bwd(ks, var, saved, do.contiguous(), dht))  # type: ignore[return-value]
 
 
@@ -275,6 +279,24 @@ def _fused_fwd_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     ks, var = _kernels(pkg, variant, q.device)
     return fused_recurrent_driver.fused_recurrent_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+
+
+@functools.cache
+def _dense_twin(pkg: str, variant: str, device: torch.device) -> Any:
+    """The kernel set of varlen ``variant``'s dense twin (the same parameters, dense), where the package has it
+    and either its kernels are prebuilt for ``device`` or the interpreter runs (never compiled at run time for
+    this); else None. A varlen backward may run its token pass as the twin's, a launch per sequence
+    (chunk_driver.per_sequence_launches)."""
+    from .runtime import interpreting, package_at
+
+    package = package_at(pkg)
+    var = package.variants[variant]
+    twin = dataclasses.replace(var, varlen=False).name
+    if not var.varlen or twin not in package.variants:
+        return None
+    if not interpreting() and not package.prebuilt(twin, package.target_for(device)):
+        return None
+    return _kernels(pkg, twin, device)[0]
 
 
 def _backward_variant(op: str, pkg: str, variant: str) -> str:
@@ -369,6 +391,7 @@ class _EagerOp(torch.autograd.Function):
     def forward(ctx: Any, op: str, keep_states: bool, prep_for_bwd: bool, offsets: Optional[list[int]], *args: Any
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.prep = []  # the forward's run of the backward's prep, if any: taken by the first backward
+        ctx.offsets = offsets
         if op == "chunk":
             *out, prep = _chunk_fwd_run(*args, keep_states, prep_for_bwd, offsets)
             if prep is not None:
@@ -381,7 +404,7 @@ class _EagerOp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
-        grads = _grads(ctx, ctx.op, do, dht, _chunk_bwd_run, prep=ctx.prep)
+        grads = _grads(ctx, ctx.op, do, dht, _chunk_bwd_run, prep=ctx.prep, offsets=ctx.offsets)
         return (None, None, None, None, None, None, *grads, None, None)
 
 

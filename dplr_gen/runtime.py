@@ -230,6 +230,16 @@ class SpecPackage:
         )
         return KernelSet(module, None)
 
+    def prebuilt(self, variant: str, target: str) -> bool:
+        """Whether the last build of this package on this machine, with this process's Triton release, compiled
+        ``variant`` for ``target`` (its kernels then load without compiling)."""
+        from . import triton_compat
+
+        manifest = self.manifest()
+        unit = self.index["variants"][variant]["targets"].get(target, {}).get("unit")
+        return (manifest is not None and manifest["triton_version"] == str(triton_compat.triton_version())
+                and unit in manifest["units"])
+
     def _import_unit(self, target_entry: dict[str, Any]) -> Any:
         """The rendered module of one (variant, target) entry of the index."""
         unit = target_entry["unit"]

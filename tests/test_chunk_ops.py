@@ -124,6 +124,81 @@ def test_varlen_slot_map_built_once_per_cu_seqlens(pkg, monkeypatch: pytest.Monk
         assert rel_err(g[n], rg[n]) <= 1e-5, n
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatch: pytest.MonkeyPatch,
+                                                                   keep: bool) -> None:
+    """The varlen token pass as one launch of the dense twin's kernel per sequence (on views of its rows and
+    states) gives the varlen kernel's gradients to the bit, on NaN-poisoned buffers, one launch per sequence."""
+    lens = [1, 15, 16, 17, 40]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32, initial_state=False)
+    x["initial_state"] = torch.randn(len(lens), 2, 32, 32)
+    do, dht = torch.randn_like(x["v"]), torch.randn_like(x["initial_state"])
+    launched: list[int] = []
+    real = chunk_driver._token_pass_per_sequence
+    monkeypatch.setattr(chunk_driver, "_token_pass_per_sequence",
+                        lambda twin, seqs, *a: launched.append(len(seqs)) or real(twin, seqs, *a))
+    grads = {}
+    for per_seq in (False, True):
+        monkeypatch.setattr(chunk_driver, "PER_SEQUENCE", per_seq)
+        o, ht, xs = run_op(pkg, x, cu_seqlens=cu, cu_seqlens_cpu=cu, lower_bound=-0.61, disable_recompute=keep)
+        torch.autograd.backward((o, ht), (do, dht))
+        grads[per_seq] = {n: t.grad for n, t in xs.items()}
+    assert launched == [len(lens)]
+    for n in NAMES:
+        assert not grads[True][n].isnan().any() and torch.equal(grads[True][n], grads[False][n]), n
+    _, _, rg = reference_with_grads(x, None, cu, do, dht)
+    for n in NAMES:
+        assert rel_err(grads[True][n], rg[n]) <= 1e-5, n
+
+
+def test_per_sequence_launch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch per sequence only with the twin and the host's offsets, for few sequences each with enough
+    waves of work on the device, never while a graph is captured; PER_SEQUENCE forces it either way."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(chunk_driver, "_device_sms", lambda dev: 10)
+    capturing = [False]
+    monkeypatch.setattr(chunk_driver, "_capturing", lambda: capturing[0])
+
+    def kset(resident: int | None, persistent: bool = True, derive: bool = False) -> SimpleNamespace:
+        opts = {"persistent": [chunk_driver.BWD] if persistent else [], "states_every": 32 if derive else 16}
+        return SimpleNamespace(constexprs=lambda name: {"BC": 16}, option=lambda n, d=None: opts.get(n, d),
+                               resident_per_sm=lambda name, dev: resident)
+
+    dev = torch.device("cuda")
+    H = 4
+    wave = 2 * 10  # resident programs on the device
+    need = chunk_driver.PER_SEQUENCE_MIN_WAVES * wave  # items a sequence needs: 16 * need / H tokens
+
+    def saved(lens: list[int], twin: Any, offsets: bool = True) -> dict[str, Any]:
+        offs = [0, *torch.tensor(lens).cumsum(0).tolist()]
+        return {"twin": twin, "offsets": offs if offsets else None, "cu_seqlens": torch.tensor(offs), "TC": 16,
+                "q": torch.empty(1, 1, H, 8)}
+
+    ks, twin = kset(2), kset(2)
+    long = 16 * need // H
+    got = chunk_driver.per_sequence_launches(ks, saved([long, long + 5], twin), 1, dev)
+    assert got == [(0, long, 0), (long, 2 * long + 5, long // 16 + 1)]
+    assert chunk_driver.per_sequence_launches(ks, saved([long, long - 16], twin), 1, dev) is None  # too short
+    assert chunk_driver.per_sequence_launches(ks, saved([long, long - 16], twin), 2, dev) is not None  # K blocks
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 65, twin), 1, dev) is None  # too many
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, None), 1, dev) is None  # no twin
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin, offsets=False), 1, dev) is None
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, kset(None)), 1, dev) is None  # residency
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, kset(2, persistent=False)), 1, dev) is None
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, kset(2, derive=True)), 1, dev) is None
+    assert chunk_driver.per_sequence_launches(kset(2, derive=True), saved([long] * 2, twin), 1, dev) is None
+    capturing[0] = True
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None
+    monkeypatch.setattr(chunk_driver, "PER_SEQUENCE", True)
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None  # not in a capture
+    capturing[0] = False
+    assert chunk_driver.per_sequence_launches(ks, saved([1, 2], kset(None)), 1, dev) == [(0, 1, 0), (1, 3, 1)]
+    monkeypatch.setattr(chunk_driver, "PER_SEQUENCE", False)
+    assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None
+
+
 def test_slot_map_from_host_offsets_equals_the_device_build() -> None:
     lens = [1, 15, 16, 17, 64, 100, 3]
     offs = [0, *torch.tensor(lens).cumsum(0).tolist()]
