@@ -701,7 +701,7 @@ for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
     _small = _name.replace("_kernel", "_small_kernel")
     SIGNATURES[_small] = SIGNATURES[_name]
     CONSTEXPRS[_small] = {**CONSTEXPRS[_name], "BV": 32}
-    LAUNCH[_small] = {"num_warps": 4, "num_stages": 2}
+    LAUNCH[_small] = {"num_warps": 4, "num_stages": 3}
 SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
 CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
-LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 2}
+LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 3}
