@@ -152,6 +152,31 @@ def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatc
         assert rel_err(grads[True][n], rg[n]) <= 1e-5, n
 
 
+def test_varlen_without_a_dense_twin_keeps_the_varlen_kernel(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package whose varlen variant has no dense twin: no launch per sequence even where forced, the varlen
+    token pass runs and the gradients are right."""
+    spec = SPEC.replace("varlen: [false, true]", "varlen: [true]").replace("chunk_ops_test", "varlen_only")
+    vpkg = render_package(tmp_path, spec, "varlen_only")
+    variant = next(n for n in vpkg.variants if "fp32" in n and "gbm0p61" in n)
+    assert ops._dense_twin(str(vpkg.dir), variant, torch.device("cpu")) is None
+    monkeypatch.setattr(chunk_driver, "PER_SEQUENCE", True)
+    launched: list[int] = []
+    real = chunk_driver._token_pass_per_sequence
+    monkeypatch.setattr(chunk_driver, "_token_pass_per_sequence",
+                        lambda twin, seqs, *a: launched.append(len(seqs)) or real(twin, seqs, *a))
+    lens = [7, 30]
+    cu = torch.tensor([0, 7, 37], dtype=torch.int32)
+    x = rwkv7_inputs(1, 37, 2, 32, dtype=torch.float32, initial_state=False)
+    o, ht, xs = run_op(vpkg, x, cu_seqlens=cu, cu_seqlens_cpu=cu, lower_bound=-0.61)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    assert launched == []
+    _, _, rg = reference_with_grads(x, None, cu, do, dht)
+    for n in ("q", "k", "v", "a", "b", "gk"):
+        assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
+    assert len(lens) == ht.shape[0]
+
+
 def test_per_sequence_launch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """A launch per sequence only with the twin and the host's offsets, for few sequences each with enough
     waves of work on the device, never while a graph is captured; PER_SEQUENCE forces it either way."""
