@@ -1,6 +1,6 @@
 """Where a fresh process spends its time before the first chunk fwd+bwd of a prebuilt variant (GPU machine).
 
-    python scripts/cold_start.py [--package generated/hopper] [--shape 4x4096x32x64]
+    python scripts/cold_start.py [--package generated/hopper] [--shape 4x4096x32x64 | varlen]
 
 Runs the same child in fresh processes with DPLR_GEN_NO_JIT=1. The child times each phase (import torch, CUDA
 init, import dplr_gen, package load, inputs, first forward, first backward) and the C launcher builds Triton
@@ -13,7 +13,8 @@ as a training loop calls it, ``loss.backward()``), ``cold_stubs_not_kept`` (the 
 DPLR_GEN_KEEP_STUBS=0: every stub compiled, as before dplr-gen kept them),
 ``cold_grad_tensors`` (the same, backward as ``torch.autograd.backward(outputs, grad_tensors)``: torch then
 imports sympy for its shape check), ``warm_triton_cache`` (Triton's launcher stubs cached), ``cold_no_bytecode``
-and ``cold_importtime`` (``python -X importtime``). Writes $OUT/cold_start.json.
+and ``cold_importtime`` (``python -X importtime``). ``--shape varlen``: the bench's varlen case (16 sequences,
+32768 tokens, H=32, D=64; cu_seqlens and cu_seqlens_cpu given, zero initial state). Writes $OUT/cold_start.json.
 """
 
 from __future__ import annotations
@@ -47,16 +48,23 @@ from dplr_gen import ops
 from dplr_gen.runtime import package_at
 t["import_dplr_gen"] = time.perf_counter()
 B, T, H, D = (int(x) for x in sys.argv[2].split("x"))
+lens = [int(n) for n in sys.argv[4].split(",")] if len(sys.argv) > 4 else None  # varlen: sequence lengths
 pkg = package_at(sys.argv[1])
-name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, D, D, False, None, -0.61, torch.bfloat16)  # as the op picks
+name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, D, D, lens is not None, None, -0.61,
+                   torch.bfloat16)  # as the op picks
 ks = pkg.kernel_set(name, pkg.target_for(torch.device("cuda")))
 t["load"] = time.perf_counter()
 from dplr_gen.testing import rwkv7_inputs
-x = {n: v.requires_grad_(True) for n, v in rwkv7_inputs(B, T, H, D, dtype=torch.bfloat16, device="cuda", seed=0).items()}
+x = {n: v.requires_grad_(True) for n, v in rwkv7_inputs(B, T, H, D, dtype=torch.bfloat16, device="cuda", seed=0,
+                                                        initial_state=lens is None).items() if v is not None}
+kw = {}
+if lens is not None:
+    cu_cpu = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    kw = {"cu_seqlens": cu_cpu.cuda(), "cu_seqlens_cpu": cu_cpu}
 torch.cuda.synchronize()
 t["inputs"] = time.perf_counter()
 n_before = len(builds)
-o, ht = ops.chunk_dplr_delta_rule(**x, output_final_state=True, lower_bound=-0.61, package=pkg)
+o, ht = ops.chunk_dplr_delta_rule(**x, output_final_state=True, lower_bound=-0.61, package=pkg, **kw)
 torch.cuda.synchronize()
 t["first_fwd"] = time.perf_counter()
 fwd_builds = builds[n_before:]
@@ -79,7 +87,20 @@ print("RESULT " + json.dumps({"phases_s": phases, "total_s": t["first_bwd"] - t[
 
 def run_child(package: str, shape: str, cache_dir: str, pycache: str | None, backward: str = "loss",
               importtime: bool = False, keep_stubs: bool = True) -> dict:
-    """One fresh child; ``pycache``: PYTHONPYCACHEPREFIX (None: no bytecode written or read from a prefix)."""
+    if shape == "varlen":  # the bench's varlen case: benchmarks.bench.VARLEN
+        sys.path.insert(0, str(REPO))
+        from benchmarks.common import mixed_lengths
+
+        lens = mixed_lengths(16, 32768, seed=0)
+        return _run_child(package, "1x32768x32x64", cache_dir, pycache, backward, importtime, keep_stubs,
+                          ",".join(str(n) for n in lens))
+    return _run_child(package, shape, cache_dir, pycache, backward, importtime, keep_stubs)
+
+
+def _run_child(package: str, shape: str, cache_dir: str, pycache: str | None, backward: str, importtime: bool,
+               keep_stubs: bool, lengths: str | None = None) -> dict:
+    """One fresh child; ``pycache``: PYTHONPYCACHEPREFIX (None: no bytecode written or read from a prefix);
+    ``lengths``: varlen sequence lengths, comma-separated."""
     env = dict(os.environ, TRITON_CACHE_DIR=cache_dir, DPLR_GEN_NO_JIT="1",
                DPLR_GEN_KEEP_STUBS="1" if keep_stubs else "0",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -89,6 +110,7 @@ def run_child(package: str, shape: str, cache_dir: str, pycache: str | None, bac
     else:
         env["PYTHONPYCACHEPREFIX"] = pycache
     cmd = [sys.executable] + (["-X", "importtime"] if importtime else []) + ["-c", CHILD, package, shape, backward]
+    cmd += [lengths] if lengths else []
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=300)
     wall = time.perf_counter() - t0
