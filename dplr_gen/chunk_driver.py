@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import threading
 import weakref
 from typing import NamedTuple
 
@@ -100,6 +101,7 @@ def chunk_map_from_cu_seqlens(cu_seqlens: torch.Tensor, C: int, n_slots: int) ->
 # slot_map's cache: (id of cu_seqlens, C, n_slots, stream) -> (weak reference to cu_seqlens, its version, map)
 _SLOT_MAPS: "collections.OrderedDict[tuple, tuple[weakref.ref, int, torch.Tensor]]" = collections.OrderedDict()
 _SLOT_MAPS_KEPT = 16
+_SLOT_MAPS_LOCK = threading.Lock()  # calls from several threads (one per device, say) share the cache
 
 
 def slot_map(cu_seqlens: torch.Tensor, C: int, n_slots: int, offsets: list[int] | None = None) -> torch.Tensor:
@@ -114,18 +116,20 @@ def slot_map(cu_seqlens: torch.Tensor, C: int, n_slots: int, offsets: list[int] 
         return chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
     stream = torch.cuda.current_stream(cu_seqlens.device).stream_id if cu_seqlens.is_cuda else None
     key = (id(cu_seqlens), C, n_slots, stream)
-    hit = _SLOT_MAPS.get(key)
-    if hit is not None and hit[0]() is cu_seqlens and hit[1] == cu_seqlens._version:
-        _SLOT_MAPS.move_to_end(key)
-        return hit[2]
+    with _SLOT_MAPS_LOCK:
+        hit = _SLOT_MAPS.get(key)
+        if hit is not None and hit[0]() is cu_seqlens and hit[1] == cu_seqlens._version:
+            _SLOT_MAPS.move_to_end(key)
+            return hit[2]
     if offsets is not None:
         # pageable host memory: the copy is staged at once, without waiting for the stream's earlier work
         m = chunk_map_from_cu_seqlens(torch.tensor(offsets), C, n_slots).to(cu_seqlens.device, non_blocking=True)
     else:
         m = chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
-    _SLOT_MAPS[key] = (weakref.ref(cu_seqlens), cu_seqlens._version, m)
-    while len(_SLOT_MAPS) > _SLOT_MAPS_KEPT:
-        _SLOT_MAPS.popitem(last=False)
+    with _SLOT_MAPS_LOCK:
+        _SLOT_MAPS[key] = (weakref.ref(cu_seqlens), cu_seqlens._version, m)
+        while len(_SLOT_MAPS) > _SLOT_MAPS_KEPT:
+            _SLOT_MAPS.popitem(last=False)
     return m
 
 
