@@ -43,6 +43,9 @@ def main() -> int:
                 g = [t.float() for t in step()]
                 ref = ref or g
                 res.setdefault(p, {})["max_abs_diff_vs_first"] = max((a - b).abs().max().item() for a, b in zip(g, ref))
+                # relative norm difference (another chunk size rounds differently)
+                res[p]["rel_diff_vs_first"] = max(((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+                                                  for a, b in zip(g, ref))
                 res[p]["kernel_us"] = kernel_times(step)
             r = res.setdefault(p, {})
             r.setdefault("fwd_ms", []).append(round(triton.testing.do_bench(fwd, warmup=25, rep=200), 4))
