@@ -459,11 +459,12 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
     dev = h.device
     H = inputs[0].shape[2]
     kern = getattr(twin, BWD)
+    TC = token_chunk(twin)
     side = _side_stream(dev) if dev.type == "cuda" else None
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
     for i, (bos, eos, first) in enumerate(seqs):
-        nch = _cdiv(eos - bos, token_chunk(twin))
+        nch = _cdiv(eos - bos, TC)
         grid, extra = persistent_launch(twin, BWD, nch * H * nk, dev)
         tok = (slice(None), slice(bos, eos))
         args = (*(t[tok] for t in inputs), h[first:first + nch], dh[first:first + nch], *(t[tok] for t in rows),

@@ -233,12 +233,23 @@ class SpecPackage:
     def prebuilt(self, variant: str, target: str) -> bool:
         """Whether the last build of this package on this machine, with this process's Triton release, compiled
         ``variant`` for ``target`` (its kernels then load without compiling)."""
+        unit = self.index["variants"][variant]["targets"].get(target, {}).get("unit")
+        return not self._not_built(self.manifest(), unit)
+
+    @staticmethod
+    def _not_built(manifest: dict[str, Any] | None, unit: str | None) -> str:
+        """Why ``manifest`` (this package's) names no compiled kernels of ``unit`` for this process's Triton
+        release; "" where it does."""
         from . import triton_compat
 
-        manifest = self.manifest()
-        unit = self.index["variants"][variant]["targets"].get(target, {}).get("unit")
-        return (manifest is not None and manifest["triton_version"] == str(triton_compat.triton_version())
-                and unit in manifest["units"])
+        if manifest is None:
+            return "the package has not been built on this machine (no manifest.json)"
+        installed = str(triton_compat.triton_version())
+        if manifest["triton_version"] != installed:
+            return f"it was built with Triton {manifest['triton_version']}, this process has {installed}"
+        if unit not in manifest["units"]:
+            return "the last build did not produce it"
+        return ""
 
     def _import_unit(self, target_entry: dict[str, Any]) -> Any:
         """The rendered module of one (variant, target) entry of the index."""
@@ -250,13 +261,11 @@ class SpecPackage:
         or None and why not."""
         from . import triton_compat
 
-        if manifest is None:
-            return None, "the package has not been built on this machine (no manifest.json)"
+        why = self._not_built(manifest, unit)
+        if why:
+            return None, why
+        assert manifest is not None  # _not_built says why otherwise
         installed = str(triton_compat.triton_version())
-        if manifest["triton_version"] != installed:
-            return None, f"it was built with Triton {manifest['triton_version']}, this process has {installed}"
-        if unit not in manifest["units"]:
-            return None, "the last build did not produce it"
         out: dict[str, Any] = {}
         root = self._cache_root(manifest)
         for rec in manifest["units"][unit]["kernels"]:

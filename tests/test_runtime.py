@@ -36,6 +36,28 @@ def test_no_jit_without_build_is_an_error(pkg, monkeypatch: pytest.MonkeyPatch) 
     assert "DPLR_GEN_NO_JIT=1" in msg and "dplr-gen build" in msg and "no manifest.json" in msg
 
 
+def test_prebuilt_reads_the_manifest_as_the_loader_does(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prebuilt() and the loader share one check: no manifest, another Triton release, or a unit the last build
+    did not produce all mean "not prebuilt", each with its reason."""
+    from dplr_gen import triton_compat
+
+    variant = pkg.variant_names[0]
+    unit = pkg.index["variants"][variant]["targets"]["sm_90"]["unit"]
+    installed = str(triton_compat.triton_version())
+    cases = {
+        "no manifest.json": None,
+        "built with Triton 0.0.0": {"triton_version": "0.0.0", "units": {unit: {}}},
+        "the last build did not produce it": {"triton_version": installed, "units": {}},
+        "": {"triton_version": installed, "units": {unit: {"kernels": []}}},
+    }
+    for reason, manifest in cases.items():
+        monkeypatch.setattr(pkg, "manifest", lambda m=manifest: m)
+        assert pkg.prebuilt(variant, "sm_90") == (reason == "")
+        why = pkg._not_built(manifest, unit)
+        assert (reason in why) if reason else why == ""
+        assert pkg._load_aot(None, unit, manifest)[1] == why
+
+
 def test_jit_fallback_warns(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.delenv("DPLR_GEN_NO_JIT", raising=False)
