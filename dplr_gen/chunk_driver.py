@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import threading
 import weakref
 from typing import NamedTuple
@@ -27,6 +28,8 @@ FWD_H = "chunk_dplr_fwd_h_kernel"
 PREP_BWD = "chunk_dplr_prep_bwd_kernel"
 BWD_DH = "chunk_dplr_bwd_dh_kernel"
 BWD = "chunk_dplr_bwd_kernel"
+SEG_MAPS = "chunk_dplr_seg_maps_kernel"
+FWD_SEG = "chunk_dplr_fwd_seg_kernel"
 
 # Tests set this to fill every output and scratch buffer with NaN before a launch, so that an element a
 # kernel fails to write shows up.
@@ -39,6 +42,14 @@ OVERLAP: bool | None = None
 # tests and benchmarks: force the varlen token pass's launch per sequence on (True, wherever it can run) or off
 # (False); None: by per_sequence_launches' rule
 PER_SEQUENCE: bool | None = None
+# tests: force the forward over this many segments per sequence wherever the variant has the segmented pass
+# (None: by ``segments``' rule)
+SEGMENTS: int | None = None
+# the forward over segments (knob chunk.fwd_small.segments): the fewest chunks a segment walks, and the programs
+# per SM its pass may hold. Its cost is about three walks of a segment (the maps' V and K columns, then the pass),
+# so it needs at least three segments to gain, and a grid the device runs at once (docs/perf_notes.md 51).
+SEGMENT_MIN_CHUNKS = 16
+SEGMENT_PROGRAMS_PER_SM = 2
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -49,6 +60,25 @@ def _empty(shape, dtype, device) -> torch.Tensor:
     if POISON:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+# elements a part of _empty_parts starts at a multiple of: 256 bytes at most (the kernels are compiled for
+# 16-byte-aligned pointers; the allocator aligns to 512)
+_PART_ALIGN = 128
+
+
+def _empty_parts(shapes: list[tuple[int, ...]], dtype, device) -> list[torch.Tensor]:
+    """Tensors of ``shapes`` carved from one allocation, for buffers that live and die together: one allocator
+    call instead of one each (~4 us of host time each, which the small shapes' forward waits for)."""
+    sizes = [_cdiv(math.prod(shape), _PART_ALIGN) * _PART_ALIGN for shape in shapes]
+    parts = _empty((sum(sizes),), dtype, device).split(sizes)
+    return [part[: math.prod(shape)].view(shape) for part, shape in zip(parts, shapes)]
+
+
+@functools.lru_cache(maxsize=None)
+def _stub(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One element, for the pointer argument of an output a launch never writes (its stores masked off)."""
+    return torch.empty((1,), dtype=dtype, device=device)
 
 
 def boundary_dtype(q: torch.Tensor) -> torch.dtype:
@@ -161,6 +191,29 @@ def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[
     return name, ks.constexprs(name)["BV"]
 
 
+def segments(ks, name: str, programs: int, T: int, device: torch.device) -> tuple[int, int] | None:
+    """(segments, chunks per segment) of a dense forward over segments of each sequence, or None for one walk
+    per sequence. Only where the variant has that pass (knob chunk.fwd_small.segments, at most that many) and
+    the small-grid copy ``name`` was chosen for a grid of ``programs``: as many segments as keep the pass's
+    grid within SEGMENT_PROGRAMS_PER_SM programs per SM, each of at least SEGMENT_MIN_CHUNKS chunks, and at
+    least three (``SEGMENTS`` forces the count)."""
+    most = ks.option("segments", 0)
+    if not most:
+        return None
+    NT = _cdiv(T, ks.constexprs(FWD_SEG)["BC"])
+    if SEGMENTS is not None:
+        count = SEGMENTS
+    elif name.endswith("_small_kernel"):
+        count = min(most, NT // SEGMENT_MIN_CHUNKS, SEGMENT_PROGRAMS_PER_SM * _device_sms(device) // programs)
+        if count < 3:
+            return None
+    else:
+        return None
+    per = _cdiv(NT, max(count, 1))
+    n_seg = _cdiv(NT, per)
+    return (n_seg, per) if n_seg >= 2 else None
+
+
 def persistent_launch(ks, name: str, n_items: int, device: torch.device) -> tuple[int, list[int]]:
     """(programs, trailing arguments) of a launch of kernel ``name`` over ``n_items`` work items. A persistent
     kernel (the variant's OPTIONS ``persistent``: each program walks items pid, pid + grid, ... and prefetches the
@@ -231,15 +284,18 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     if fwd_ops and (skip_wm or not for_bwd):
         raise ValueError("fwd_ops: only the backward's prep with the states pass's operands (pass_ops) writes "
                          "the forward's operands too")
-    w, m = (None, None) if skip_wm else (_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device))
-    bwt = None if skip_wm and not derives_states(ks) else _empty(ck, q.dtype, q.device)
-    kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device) for shape in (ck, ck if for_bwd else cc, cc, ck))
+    if for_bwd:
+        w, m = (None, None) if skip_wm else (_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device))
+        bwt = None if skip_wm and not derives_states(ks) else _empty(ck, q.dtype, q.device)
+        kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device) for shape in (ck, ck, cc, ck))
+    else:  # all read by the forward pass only, so they die together: one allocation
+        w, m, bwt, kwt, x1, x2, x3 = _empty_parts([ck, cc, ck, ck, cc, cc, ck], q.dtype, q.device)
     egc = _empty((n_slots, H, K), torch.float32, q.device)
     x4, x5, x6 = ((_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device), _empty(cc, q.dtype, q.device))
                   if for_bwd else (None, None, None))
     fx = tuple(_empty(shape, q.dtype, q.device) for shape in (cc, cc, ck)) if fwd_ops else None
     # the skipped outputs' arguments: one valid element for the kernel's masked-off stores
-    stub = _empty((1,), q.dtype, q.device) if skip_wm or (for_bwd and not fwd_ops) else None
+    stub = _stub(q.dtype, q.device) if skip_wm or (for_bwd and not fwd_ops) else None
     w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
     bwd_args = [x4, x5, x6, int(not skip_wm), *(fx or (stub,) * 3), int(fwd_ops)] if for_bwd else []
     getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
@@ -271,7 +327,7 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
         h = _empty(states_shape(ks, v, q, V, cu_seqlens), boundary_dtype(q), dev)
         u = _empty(v_.shape, v_.dtype, dev)
     else:  # never written (the kernel's stores are masked off): one element each for a valid pointer
-        h, u = _empty((1,), boundary_dtype(q), dev), _empty((1,), v_.dtype, dev)
+        h, u = _stub(boundary_dtype(q), dev), _stub(v_.dtype, dev)
     saved = saved_for_backward(ks, v, q, k, v_, a, b, gk, initial_state, (h, u) if keep_states else None,
                                scale, cu_seqlens, offsets)
     N, n_slots = saved["N"], saved["n_slots"]
@@ -285,9 +341,19 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     else:
         pr = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
-    getattr(ks, name)[(N * H, _cdiv(V, bv))](
-        pr.x3, pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, initial_state, h, ht, u,
-        *_cu(cu_seqlens), float(scale), int(keep_states), T, H)
+    args = (pr.x3, pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, initial_state, h, ht, u)
+    tail = (float(scale), int(keep_states), T, H)
+    seg = None if cu_seqlens is not None else segments(ks, name, N * H * _cdiv(V, bv), T, dev)
+    if seg is None:
+        getattr(ks, name)[(N * H, _cdiv(V, bv))](*args, *_cu(cu_seqlens), *tail)
+        return o, ht, saved
+    # each segment's map S -> P S + L ([L | P] per segment but the last), then the pass over every segment
+    n_seg, per = seg
+    bv = ks.constexprs(FWD_SEG)["BV"]
+    xs = _empty((N * H, n_seg - 1, K, V + K), torch.float32, dev)
+    getattr(ks, SEG_MAPS)[(N * H, _cdiv(V, bv) + _cdiv(K, bv), n_seg - 1)](
+        pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, xs, per, T, H)
+    getattr(ks, FWD_SEG)[(N * H, _cdiv(V, bv), n_seg)](*args, xs, per, *tail)
     return o, ht, saved
 
 

@@ -116,6 +116,7 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
         out[stage] = Knobs(**merged)
     if v.op == "chunk":
         check_states_every(v, out["bwd"])
+        check_segments(v, out.get("fwd_small"))
     return out
 
 
@@ -173,6 +174,14 @@ def check_states_every(v: Variant, bwd: Knobs) -> None:
             f" {bwd.chunk or 'unset'}, chunk size {v.chunk_size}); valid: {valid} (the token pass's chunk, or twice the chunk"
             f" size where the token pass walks the variant's chunks)"
         )
+
+
+def check_segments(v: Variant, fwd_small: Knobs | None) -> None:
+    """Knob chunk.fwd_small.segments splits dense sequences only (a varlen batch's sequences have their own
+    lengths); SpecError naming the variant otherwise."""
+    if fwd_small is not None and fwd_small.segments is not None and v.varlen:
+        raise SpecError(f"variant {v.name}: tuning chunk.fwd_small.segments = {fwd_small.segments}: dense variants "
+                        "only (varlen: false); limit the rule with `when`, e.g. {varlen: [false]}")
 
 
 # Per target: (predicate on (variant, arch), reason). What one arch cannot hold, refused before compiling.

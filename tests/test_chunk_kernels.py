@@ -98,10 +98,10 @@ ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template'
 
 
 def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None, max_registers=None,
-          states_every=None, launch_below_sms=None):
+          states_every=None, launch_below_sms=None, segments=None):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
                            chunk=chunk, overlap=overlap, max_registers=max_registers, states_every=states_every,
-                           launch_below_sms=launch_below_sms)
+                           launch_below_sms=launch_below_sms, segments=segments)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
@@ -391,6 +391,50 @@ def test_small_grid_choice_below_a_multiple_of_the_sms(monkeypatch):
         assert chunk_driver._pass_kernel(ks, name, 264, 48, gpu) == (name, 32)
     assert chunk_driver._pass_kernel(ks, chunk_driver.BWD_DH, 65, 48, gpu)[0] == "chunk_dplr_bwd_dh_small_kernel"
     assert chunk_driver._pass_kernel(ks, chunk_driver.BWD_DH, 66, 48, gpu) == (chunk_driver.BWD_DH, 32)
+
+
+SEGMENTED = {**SMALL, "fwd_small": knobs(block_v=16, num_warps=4, num_stages=2, segments=8)}
+
+
+@pytest.mark.parametrize("dtype,K,V,B,T,count,keep", [
+    ("fp32", 32, 48, 2, 100, 3, True),    # 7 chunks: segments of 3, 3, 1
+    ("fp32", 32, 48, 1, 160, 4, False),   # 10 chunks: 3, 3, 3, 1; the backward recomputes the states
+    ("fp16", 48, 32, 2, 70, 2, True),     # K under its 64-wide tile
+    ("fp32", 32, 48, 1, 64, 4, True),     # one chunk a segment
+], ids=["fp32-3", "fp32-4-recompute", "fp16-k48", "fp32-1-chunk"])
+def test_forward_over_segments(monkeypatch, dtype, K, V, B, T, count, keep):
+    """Knob chunk.fwd_small.segments: the segments' maps, then the pass over each segment from the state the maps
+    before it give, match the reference (o, the final state, and the gradients through the kept or recomputed
+    states), NaN-poisoned; the segmented kernels did run."""
+    seen = []
+    rule = chunk_driver.segments
+    monkeypatch.setattr(chunk_driver, "SEGMENTS", count)
+    monkeypatch.setattr(chunk_driver, "segments", lambda *a: seen.append(rule(*a)) or seen[-1])
+    v = make_variant(dtype, K=K, V=V)
+    check(run_case(v, B=B, T=T, H=2, tune=SEGMENTED, keep_states=keep), TOL[dtype])
+    NT = -(-T // 16)
+    per = -(-NT // count)
+    assert seen and all(s == (-(-NT // per), per) for s in seen), seen
+
+
+def test_segments_rule(monkeypatch):
+    """At least three segments of SEGMENT_MIN_CHUNKS chunks, the pass's grid within SEGMENT_PROGRAMS_PER_SM
+    programs per SM, at most the knob's count, and only where the small-grid copy was chosen and the variant has
+    the segmented pass."""
+    ks = load(make_variant("fp32", K=32, V=48), SEGMENTED)
+    assert ks.option("segments") == 8 and {chunk_driver.SEG_MAPS, chunk_driver.FWD_SEG} <= set(ks.m.SIGNATURES)
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(chunk_driver, "_sm_count", lambda index: 132)
+    small = "chunk_dplr_fwd_small_kernel"
+    assert chunk_driver.segments(ks, small, 8, 4096, gpu) == (8, 32)       # (1, 4096, 2, 128)
+    assert chunk_driver.segments(ks, small, 64, 2048, gpu) == (4, 32)      # (2, 2048, 8, 128): 264 // 64
+    assert chunk_driver.segments(ks, small, 100, 4096, gpu) is None        # two segments would not gain
+    assert chunk_driver.segments(ks, small, 8, 800, gpu) == (3, 17)        # 50 chunks: 3 of 16 at most
+    assert chunk_driver.segments(ks, small, 8, 700, gpu) is None           # 44 chunks: 2 of 16 at most
+    assert chunk_driver.segments(ks, chunk_driver.FWD, 8, 4096, gpu) is None
+    assert chunk_driver.segments(ks, small, 8, 4096, torch.device("cpu")) is None
+    assert chunk_driver.segments(load(make_variant("fp32", K=32, V=48), SMALL), small, 8, 4096, gpu) is None
+    assert "chunk_dplr_fwd_seg_kernel" not in load(make_variant("fp32", K=32, V=48, varlen=True), SEGMENTED).m.SIGNATURES
 
 
 def _token_chunk_knobs(tc, block_v=None):

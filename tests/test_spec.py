@@ -359,3 +359,23 @@ def test_gluon_knob_outside_its_variants_is_refused(tmp_path: Path, when: str, w
 def test_gluon_knob_only_on_the_token_pass(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"chunk.fwd.gluon: only chunk.bwd take the gluon knob"):
         load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd: {gluon: true}\n"))
+
+
+def test_segments_knob_dense_variants_only(tmp_path: Path) -> None:
+    """chunk.fwd_small.segments: rendered into the dense variants' OPTIONS with the two segmented kernels; on a varlen
+    variant a SpecError names the variant, the knob and the way out; on any other stage the knob is refused."""
+    from dplr_gen.render import render_unit
+
+    rule = "variant_tuning:\n  - when: {%s}\n    tuning:\n      chunk.fwd_small: {segments: 6}\n"
+    dense = build_units(load_spec(write(tmp_path, GOOD + rule % "op: [chunk], chunk_size: [16]")), Version("3.6.0"))[0]
+    u = next(u for u in dense if u.variant.op == "chunk" and u.variant.chunk_size == 16)
+    ns: dict = {}
+    exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102 - our own rendered source
+    assert ns["OPTIONS"]["segments"] == 6
+    assert {"chunk_dplr_seg_maps_kernel", "chunk_dplr_fwd_seg_kernel"} <= set(ns["SIGNATURES"])
+    varlen = GOOD.replace("varlen: [false]", "varlen: [false, true]")
+    with pytest.raises(SpecError, match=r"variant chunk_.*_varlen_.*chunk.fwd_small.segments = 6: dense variants only"):
+        build_units(load_spec(write(tmp_path, varlen + rule % "op: [chunk]")), Version("3.6.0"))
+    build_units(load_spec(write(tmp_path, varlen + rule % "op: [chunk], varlen: [false]")), Version("3.6.0"))
+    with pytest.raises(SpecError, match=r"chunk.fwd.segments: only chunk.fwd_small"):
+        load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd: {segments: 4}\n"))

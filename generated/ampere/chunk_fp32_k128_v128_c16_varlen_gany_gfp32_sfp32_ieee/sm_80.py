@@ -419,16 +419,36 @@ def chunk_dplr_prep_bwd_kernel(
 
 
 @triton.jit
+def _step_operands(w, m, bwt, kwt, egc, p_s, o_ck, o_kc, p_cc, o_k, m_k, K: tl.constexpr, BC: tl.constexpr):
+    """Chunk slot p_s's operands of the state step, from the prep: W [C, K], M [C, C], the gate-scaled
+    (B e^(gamma_C - gamma))^T and (K e^(gamma_C - gamma))^T [K, C], e^gamma_C [K]."""
+    b_w = tl.load(w + p_s * BC * K + o_ck, mask=m_k[None, :], other=0.)
+    b_m = tl.load(m + p_cc)
+    b_bwt = tl.load(bwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_kwt = tl.load(kwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+    return b_w, b_m, b_bwt, b_kwt, b_eg
+
+
+@triton.jit
+def _next_state(S, U, b_v, b_bwt, b_kwt, b_eg):
+    """S_C = e^gamma_C S0 + (B e^(gamma_C - gamma))^T U + (K e^(gamma_C - gamma))^T V"""
+    return S * b_eg[:, None] + _dot(b_bwt, U) + _dot(b_kwt, b_v)
+
+
+@triton.jit
 def _state_pass(
-    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u,
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, xs, seg_chunks,
     cu_seqlens, scale, store_states, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    WITH_O: tl.constexpr,
+    WITH_O: tl.constexpr, SEGMENTED: tl.constexpr,
 ):
     """The sequential part of the forward over one (sequence * head, V-block): per chunk, store the state
     entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both) unless
     store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state. The
-    states go to slots of 16 tokens: every 1-th chunk's."""
+    states go to slots of 16 tokens: every 1-th chunk's. SEGMENTED: the program walks only segment
+    program_id(2) of seg_chunks chunks, from the state the maps of the segments before it (xs, written by
+    chunk_dplr_seg_maps_kernel) give."""
     i_nh = tl.program_id(0)  # N * H on grid axis 0 (axes 1/2 stop at 65535)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -447,7 +467,16 @@ def _state_pass(
     o_kc = o_k[:, None] * BC + o_c[None, :]
     keep = store_states != 0
     S = tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
-    for i_t in range(NT):
+    c0 = 0
+    c1 = NT
+    last = True
+    if SEGMENTED:
+        i_s = tl.program_id(2)
+        c0 = i_s * seg_chunks
+        c1 = tl.minimum(c0 + seg_chunks, NT)
+        last = i_s == tl.num_programs(2) - 1
+        S = _segment_start(S, xs, i_nh, i_s, tl.num_programs(2) - 1, o_k, o_v, m_k, m_v, K, V, BK)
+    for i_t in range(c0, c1):
         t0 = bos + i_t * BC
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
@@ -458,12 +487,7 @@ def _state_pass(
         m_y = m_c[:, None] & m_v[None, :]
         b_v = tl.load(v + p_y, mask=m_y, other=0.).to(tl.float32)
         p_cc = p_s * BC * BC + o_c[:, None] * BC + o_c[None, :]
-        b_w = tl.load(w + p_s * BC * K + o_ck, mask=m_k[None, :], other=0.)
-        b_m = tl.load(m + p_cc)
-        # the prep's gate-scaled operands: (B e^(gamma_C - gamma))^T, (K e^(gamma_C - gamma))^T, e^gamma_C
-        b_bwt = tl.load(bwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
-        b_kwt = tl.load(kwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
-        b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+        b_w, b_m, b_bwt, b_kwt, b_eg = _step_operands(w, m, bwt, kwt, egc, p_s, o_ck, o_kc, p_cc, o_k, m_k, K, BC)
         S_dt = S.to(tl.float32)
         U = (_dot(b_w, S_dt) + _dot(b_m, b_v)).to(tl.float32)
         tl.store(u + p_y, U, mask=m_y & keep)
@@ -471,9 +495,15 @@ def _state_pass(
             b_qw = tl.load(qw + p_s * BC * K + o_ck, mask=m_k[None, :], other=0.)
             b_o = _dot(b_qw, S_dt) + _dot(tl.load(aqb + p_cc), U) + _dot(tl.load(aqk + p_cc), b_v)
             tl.store(o + p_y, (b_o * scale).to(o.dtype.element_ty), mask=m_y)
-        # S_C = e^gamma_C S0 + (B e^(gamma_C - gamma))^T U + (K e^(gamma_C - gamma))^T V
-        S = S * b_eg[:, None] + _dot(b_bwt, U) + _dot(b_kwt, b_v)
-    tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, S, mask=m_kv)
+        S = _next_state(S, U, b_v, b_bwt, b_kwt, b_eg)
+    tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, S, mask=m_kv & last)
+
+
+@triton.jit
+def _segment_start(S, xs, i_nh, i_s, n_maps, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
+                   BK: tl.constexpr):
+    # no segmented pass in this variant (knob chunk.fwd_small.segments): never called (SEGMENTED is False)
+    return S
 
 
 @triton.jit
@@ -482,8 +512,8 @@ def chunk_dplr_fwd_kernel(
     cu_seqlens, scale, store_states, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, cu_seqlens, scale, store_states, T, H,
-                K, V, BC, BK, BV, True)
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, h0, 1, cu_seqlens, scale, store_states, T, H,
+                K, V, BC, BK, BV, True, False)
 
 
 @triton.jit
@@ -493,8 +523,8 @@ def chunk_dplr_fwd_h_kernel(
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # Q e^gamma, A_qk, A_qb, o and scale are not read without O: kwt, m, v stand in for them
-    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, cu_seqlens, 1.0, 1, T, H,
-                K, V, BC, BK, BV, False)
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, h0, 1, cu_seqlens, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False, False)
 
 
 @triton.jit
@@ -727,6 +757,8 @@ CONSTEXPRS = {
 # launched with at most as many programs as the device holds at once, chunk_driver.persistent_launch)
 OPTIONS = {"overlap_state_passes": False, "states_every": 16,
            "persistent": [],
+           # the small-grid forward's segments per sequence at most (chunk_driver.segments); 0: no segmented pass
+           "segments": 0,
            "small_grid_below_sms": {
            }}
 LAUNCH = {

@@ -336,16 +336,36 @@ def chunk_dplr_prep_bwd_kernel(
 
 
 @triton.jit
+def _step_operands(w, m, bwt, kwt, egc, p_s, o_ck, o_kc, p_cc, o_k, m_k, K: tl.constexpr, BC: tl.constexpr):
+    """Chunk slot p_s's operands of the state step, from the prep: W [C, K], M [C, C], the gate-scaled
+    (B e^(gamma_C - gamma))^T and (K e^(gamma_C - gamma))^T [K, C], e^gamma_C [K]."""
+    b_w = tl.load(w + p_s * BC * K + o_ck, mask=m_k[None, :], other=0.)
+    b_m = tl.load(m + p_cc)
+    b_bwt = tl.load(bwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_kwt = tl.load(kwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+    return b_w, b_m, b_bwt, b_kwt, b_eg
+
+
+@triton.jit
+def _next_state(S, U, b_v, b_bwt, b_kwt, b_eg):
+    """S_C = e^gamma_C S0 + (B e^(gamma_C - gamma))^T U + (K e^(gamma_C - gamma))^T V"""
+    return S * b_eg[:, None] + _dot(b_bwt, U) + _dot(b_kwt, b_v)
+
+
+@triton.jit
 def _state_pass(
-    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u,
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, xs, seg_chunks,
     scale, store_states, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    WITH_O: tl.constexpr,
+    WITH_O: tl.constexpr, SEGMENTED: tl.constexpr,
 ):
     """The sequential part of the forward over one (sequence * head, V-block): per chunk, store the state
     entering it and U = W S + M V (from chunk_dplr_prep_kernel; the backward reads both) unless
     store_states is 0 (a forward whose backward recomputes them), O if WITH_O, then the next state. The
-    states go to slots of 32 tokens: every 2-th chunk's."""
+    states go to slots of 32 tokens: every 2-th chunk's. SEGMENTED: the program walks only segment
+    program_id(2) of seg_chunks chunks, from the state the maps of the segments before it (xs, written by
+    chunk_dplr_seg_maps_kernel) give."""
     i_nh = tl.program_id(0)  # N * H on grid axis 0 (axes 1/2 stop at 65535)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -364,7 +384,16 @@ def _state_pass(
     o_kc = o_k[:, None] * BC + o_c[None, :]
     keep = store_states != 0
     S = tl.load(h0 + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
-    for i_t in range(NT):
+    c0 = 0
+    c1 = NT
+    last = True
+    if SEGMENTED:
+        i_s = tl.program_id(2)
+        c0 = i_s * seg_chunks
+        c1 = tl.minimum(c0 + seg_chunks, NT)
+        last = i_s == tl.num_programs(2) - 1
+        S = _segment_start(S, xs, i_nh, i_s, tl.num_programs(2) - 1, o_k, o_v, m_k, m_v, K, V, BK)
+    for i_t in range(c0, c1):
         t0 = bos + i_t * BC
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
@@ -375,12 +404,7 @@ def _state_pass(
         m_y = m_c[:, None] & m_v[None, :]
         b_v = tl.load(v + p_y, mask=m_y, other=0.).to(tl.bfloat16)
         p_cc = p_s * BC * BC + o_c[:, None] * BC + o_c[None, :]
-        b_w = tl.load(w + p_s * BC * K + o_ck, mask=m_k[None, :], other=0.)
-        b_m = tl.load(m + p_cc)
-        # the prep's gate-scaled operands: (B e^(gamma_C - gamma))^T, (K e^(gamma_C - gamma))^T, e^gamma_C
-        b_bwt = tl.load(bwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
-        b_kwt = tl.load(kwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
-        b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+        b_w, b_m, b_bwt, b_kwt, b_eg = _step_operands(w, m, bwt, kwt, egc, p_s, o_ck, o_kc, p_cc, o_k, m_k, K, BC)
         S_dt = S.to(tl.bfloat16)
         U = (_dot(b_w, S_dt) + _dot(b_m, b_v)).to(tl.bfloat16)
         tl.store(u + p_y, U, mask=m_y & keep)
@@ -388,9 +412,74 @@ def _state_pass(
             b_qw = tl.load(qw + p_s * BC * K + o_ck, mask=m_k[None, :], other=0.)
             b_o = _dot(b_qw, S_dt) + _dot(tl.load(aqb + p_cc), U) + _dot(tl.load(aqk + p_cc), b_v)
             tl.store(o + p_y, (b_o * scale).to(o.dtype.element_ty), mask=m_y)
-        # S_C = e^gamma_C S0 + (B e^(gamma_C - gamma))^T U + (K e^(gamma_C - gamma))^T V
-        S = S * b_eg[:, None] + _dot(b_bwt, U) + _dot(b_kwt, b_v)
-    tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, S, mask=m_kv)
+        S = _next_state(S, U, b_v, b_bwt, b_kwt, b_eg)
+    tl.store(ht + i_nh.to(tl.int64) * K * V + o_kv, S, mask=m_kv & last)
+
+
+@triton.jit
+def _segment_start(S, xs, i_nh, i_s, n_maps, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
+                   BK: tl.constexpr):
+    """The state entering segment i_s of a sequence, from the state S entering the sequence: the segments before
+    it applied in order, each as its map S -> P S + L (xs[i_nh, j] = [L | P], [K, V + K] fp32). P S is a dot
+    of tl.bfloat16 operands, as each chunk's W S is."""
+    o_kk = o_k[:, None] * (V + K) + V + o_k[None, :]
+    o_kl = o_k[:, None] * (V + K) + o_v[None, :]
+    for j in tl.range(i_s, num_stages=1):  # not pipelined: a stage of P is 64 KB of shared memory
+        base = xs + (i_nh.to(tl.int64) * n_maps + j) * K * (V + K)
+        P = tl.load(base + o_kk, mask=m_k[:, None] & m_k[None, :], other=0.).to(tl.bfloat16)
+        S = _dot_acc(P, S.to(tl.bfloat16), tl.load(base + o_kl, mask=m_k[:, None] & m_v[None, :], other=0.))
+    return S
+
+
+@triton.jit
+def chunk_dplr_seg_maps_kernel(
+    kwt, v, bwt, egc, w, m, xs, seg_chunks, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """What segment program_id(2) (seg_chunks chunks; every segment but a sequence's last) does to the state
+    entering it: an affine map S -> P S + L, written as xs[sequence * head, segment] = [L | P] [K, V + K] fp32.
+    Each state column walks independently, so one walk gives both: column blocks program_id(1) < cdiv(V, BV)
+    walk L's V columns from S = 0 with the V rows, the others P's K columns from S = I with V = 0."""
+    i_nh = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_s = tl.program_id(2)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, L, slot0 = _sequence(i_n, T, BC)
+    NT = tl.cdiv(L, BC)
+    NVB = tl.cdiv(V, BV)
+    of_v = i_b < NVB
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    o_j = (i_b - tl.where(of_v, 0, NVB)) * BV + tl.arange(0, BV)  # L's column (of_v) or P's
+    m_k = o_k < K
+    m_j = o_j < tl.where(of_v, V, K)
+    o_ck = o_c[:, None] * K + o_k[None, :]
+    o_kc = o_k[:, None] * BC + o_c[None, :]
+    S = ((o_k[:, None] == o_j[None, :]) & (i_b >= NVB)).to(tl.float32)
+    for i_t in range(i_s * seg_chunks, tl.minimum((i_s + 1) * seg_chunks, NT)):
+        t0 = bos + i_t * BC
+        m_c = o_c < tl.minimum(L - i_t * BC, BC)
+        p_s = (slot0 + i_t) * H + i_h
+        p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_j[None, :]
+        b_v = tl.load(v + p_y, mask=m_c[:, None] & (m_j & of_v)[None, :], other=0.).to(tl.bfloat16)
+        p_cc = p_s * BC * BC + o_c[:, None] * BC + o_c[None, :]
+        b_w, b_m, b_bwt, b_kwt, b_eg = _step_operands(w, m, bwt, kwt, egc, p_s, o_ck, o_kc, p_cc, o_k, m_k, K, BC)
+        U = (_dot(b_w, S.to(tl.bfloat16)) + _dot(b_m, b_v)).to(tl.bfloat16)
+        S = _next_state(S, U, b_v, b_bwt, b_kwt, b_eg)
+    o_x = o_k[:, None] * (V + K) + (o_j + tl.where(of_v, 0, V))[None, :]
+    tl.store(xs + (i_nh.to(tl.int64) * tl.num_programs(2) + i_s) * K * (V + K) + o_x, S,
+             mask=m_k[:, None] & m_j[None, :])
+
+
+@triton.jit
+def chunk_dplr_fwd_seg_kernel(
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, xs, seg_chunks,
+    scale, store_states, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, xs, seg_chunks, scale, store_states, T, H,
+                K, V, BC, BK, BV, True, True)
 
 
 @triton.jit
@@ -399,8 +488,8 @@ def chunk_dplr_fwd_kernel(
     scale, store_states, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, scale, store_states, T, H,
-                K, V, BC, BK, BV, True)
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, h0, 1, scale, store_states, T, H,
+                K, V, BC, BK, BV, True, False)
 
 
 @triton.jit
@@ -410,8 +499,8 @@ def chunk_dplr_fwd_h_kernel(
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # Q e^gamma, A_qk, A_qb, o and scale are not read without O: kwt, m, v stand in for them
-    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, 1.0, 1, T, H,
-                K, V, BC, BK, BV, False)
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, h0, 1, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False, False)
 
 
 @triton.jit
@@ -420,8 +509,8 @@ def chunk_dplr_fwd_small_kernel(
     scale, store_states, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, scale, store_states, T, H,
-                K, V, BC, BK, BV, True)
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, h0, 1, scale, store_states, T, H,
+                K, V, BC, BK, BV, True, False)
 
 
 @triton.jit
@@ -430,8 +519,8 @@ def chunk_dplr_fwd_h_small_kernel(
     T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, 1.0, 1, T, H,
-                K, V, BC, BK, BV, False)
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, h0, 1, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False, False)
 
 
 @triton.jit
@@ -710,6 +799,8 @@ CONSTEXPRS = {
 # launched with at most as many programs as the device holds at once, chunk_driver.persistent_launch)
 OPTIONS = {"overlap_state_passes": True, "states_every": 32,
            "persistent": [],
+           # the small-grid forward's segments per sequence at most (chunk_driver.segments); 0: no segmented pass
+           "segments": 8,
            "small_grid_below_sms": {
                "chunk_dplr_fwd_kernel": 1,
                "chunk_dplr_fwd_h_kernel": 1,
@@ -729,6 +820,20 @@ for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
     SIGNATURES[_small] = SIGNATURES[_name]
     CONSTEXPRS[_small] = {**CONSTEXPRS[_name], "BV": 32}
     LAUNCH[_small] = {"num_warps": 4, "num_stages": 3}
+# the small-grid forward over segments: the segments' maps, then the forward pass with two more arguments
+SIGNATURES["chunk_dplr_seg_maps_kernel"] = {
+    "kwt": "*bf16", "v": "*bf16", "bwt": "*bf16", "egc": "*fp32", "w": "*bf16", "m": "*bf16",
+    "xs": "*fp32", "seg_chunks": "i32", "T": "i32", "H": "i32",
+}
+SIGNATURES["chunk_dplr_fwd_seg_kernel"] = {
+    "qw": "*bf16", "kwt": "*bf16", "v": "*bf16", "bwt": "*bf16", "egc": "*fp32",
+    "w": "*bf16", "m": "*bf16", "aqk": "*bf16", "aqb": "*bf16",
+    "o": "*bf16", "h0": "*fp32", "h": "*bf16", "ht": "*fp32", "u": "*bf16",
+    "xs": "*fp32", "seg_chunks": "i32", "scale": "fp32", "store_states": "i32", "T": "i32", "H": "i32",
+}
+for _name in ("chunk_dplr_seg_maps_kernel", "chunk_dplr_fwd_seg_kernel"):
+    CONSTEXPRS[_name] = CONSTEXPRS["chunk_dplr_fwd_small_kernel"]
+    LAUNCH[_name] = LAUNCH["chunk_dplr_fwd_small_kernel"]
 SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
 CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
 LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 3}
