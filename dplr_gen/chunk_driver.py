@@ -30,6 +30,9 @@ BWD_DH = "chunk_dplr_bwd_dh_kernel"
 BWD = "chunk_dplr_bwd_kernel"
 SEG_MAPS = "chunk_dplr_seg_maps_kernel"
 FWD_SEG = "chunk_dplr_fwd_seg_kernel"
+FWD_H_SEG = "chunk_dplr_fwd_h_seg_kernel"
+SEG_MAPS_BWD = "chunk_dplr_seg_maps_bwd_kernel"
+BWD_DH_SEG = "chunk_dplr_bwd_dh_seg_kernel"
 
 # Tests set this to fill every output and scratch buffer with NaN before a launch, so that an element a
 # kernel fails to write shows up.
@@ -191,16 +194,18 @@ def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[
     return name, ks.constexprs(name)["BV"]
 
 
-def segments(ks, name: str, programs: int, T: int, device: torch.device) -> tuple[int, int] | None:
-    """(segments, chunks per segment) of a dense forward over segments of each sequence, or None for one walk
-    per sequence. Only where the variant has that pass (knob chunk.fwd_small.segments, at most that many) and
-    the small-grid copy ``name`` was chosen for a grid of ``programs``: as many segments as keep the pass's
-    grid within SEGMENT_PROGRAMS_PER_SM programs per SM, each of at least SEGMENT_MIN_CHUNKS chunks, and at
-    least three (``SEGMENTS`` forces the count)."""
-    most = ks.option("segments", 0)
+def segments(ks, name: str, programs: int, T: int, device: torch.device, option: str = "segments",
+             ) -> tuple[int, int] | None:
+    """(segments, chunks per segment) of a dense state pass over segments of each sequence, or None for one
+    walk per sequence. Only where the variant has that pass (its OPTIONS ``option``: "segments" for the forward's
+    and the states-only pass, knob chunk.fwd_small.segments; "segments_bwd" for the reverse pass, knob
+    chunk.bwd_dh_small.segments; at most that many) and the small-grid copy ``name`` was chosen for a grid of
+    ``programs``: as many segments as keep the pass's grid within SEGMENT_PROGRAMS_PER_SM programs per SM, each
+    of at least SEGMENT_MIN_CHUNKS chunks, and at least three (``SEGMENTS`` forces the count)."""
+    most = ks.option(option, 0)
     if not most:
         return None
-    NT = _cdiv(T, ks.constexprs(FWD_SEG)["BC"])
+    NT = _cdiv(T, ks.constexprs(FWD)["BC"])
     if SEGMENTS is not None:
         count = SEGMENTS
     elif name.endswith("_small_kernel"):
@@ -212,6 +217,21 @@ def segments(ks, name: str, programs: int, T: int, device: torch.device) -> tupl
     per = _cdiv(NT, max(count, 1))
     n_seg = _cdiv(NT, per)
     return (n_seg, per) if n_seg >= 2 else None
+
+
+def _segmented_pass(ks, maps: str, kernel: str, seg: tuple[int, int], NH: int, K: int, V: int,
+                    device: torch.device, maps_args: tuple, maps_tail: tuple, pass_args: tuple, pass_tail: tuple,
+                    ) -> torch.Tensor:
+    """Launch a state pass over segments (``seg`` from ``segments``): kernel ``maps`` writes each segment's map
+    [L | P] (every segment but the one the pass starts from), then ``kernel`` walks every segment from the
+    state the maps fold into. Returns the maps (the caller holds them where the launches went to a side
+    stream)."""
+    n_seg, per = seg
+    bv = ks.constexprs(kernel)["BV"]
+    xs = _empty((NH, n_seg - 1, K, V + K), torch.float32, device)
+    getattr(ks, maps)[(NH, _cdiv(V, bv) + _cdiv(K, bv), n_seg - 1)](*maps_args, xs, per, *maps_tail)
+    getattr(ks, kernel)[(NH, _cdiv(V, bv), n_seg)](*pass_args, xs, per, *pass_tail)
+    return xs
 
 
 def persistent_launch(ks, name: str, n_items: int, device: torch.device) -> tuple[int, list[int]]:
@@ -347,13 +367,8 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     if seg is None:
         getattr(ks, name)[(N * H, _cdiv(V, bv))](*args, *_cu(cu_seqlens), *tail)
         return o, ht, saved
-    # each segment's map S -> P S + L ([L | P] per segment but the last), then the pass over every segment
-    n_seg, per = seg
-    bv = ks.constexprs(FWD_SEG)["BV"]
-    xs = _empty((N * H, n_seg - 1, K, V + K), torch.float32, dev)
-    getattr(ks, SEG_MAPS)[(N * H, _cdiv(V, bv) + _cdiv(K, bv), n_seg - 1)](
-        pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, xs, per, T, H)
-    getattr(ks, FWD_SEG)[(N * H, _cdiv(V, bv), n_seg)](*args, xs, per, *tail)
+    _segmented_pass(ks, SEG_MAPS, FWD_SEG, seg, N * H, K, V, dev, (pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m), (T, H),
+                    args, tail)
     return o, ht, saved
 
 
@@ -398,15 +413,24 @@ def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None,
     h = _empty((saved["n_hslots"], H, K, V), boundary_dtype(k), k.device)
     ht = _empty((saved["N"], H, K, V), torch.float32, k.device)
     u = _empty(v_.shape, v_.dtype, k.device)
-    name, bv = _pass_kernel(ks, FWD_H, saved["N"] * H, V, k.device)
+    NH = saved["N"] * H
+    name, bv = _pass_kernel(ks, FWD_H, NH, V, k.device)
     args = (pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, h0, h, ht, u, *_cu(cu_seqlens))
+    seg = None if cu_seqlens is not None else segments(ks, name, NH * _cdiv(V, bv), T, k.device)
+
+    def launch() -> tuple:
+        if seg is None:
+            getattr(ks, name)[(NH, _cdiv(V, bv))](*args, T, H)
+            return args
+        return (*args, _segmented_pass(ks, SEG_MAPS, FWD_H_SEG, seg, NH, K, V, k.device, args[:6], (T, H), args,
+                                       (T, H)))
+
     if side is None:
-        getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](*args, T, H)
-        return h, u, args
+        return h, u, launch()
     side.wait_stream(torch.cuda.current_stream(k.device))
     with torch.cuda.stream(side):
-        getattr(ks, name)[(saved["N"] * H, _cdiv(V, bv))](*args, T, H)
-    return h, u, args
+        held = launch()
+    return h, u, held
 
 
 def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tensor | None,
@@ -426,9 +450,13 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tenso
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
     dv = _empty(saved["v"].shape, saved["v"].dtype, dev)
     name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
-    getattr(ks, name)[(N * H, _cdiv(V, bv))](
-        pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv,
-        *_cu(cu_seqlens), scale, T, H)
+    args = (pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv)
+    seg = None if cu_seqlens is not None else segments(ks, name, N * H * _cdiv(V, bv), T, dev, "segments_bwd")
+    if seg is None:
+        getattr(ks, name)[(N * H, _cdiv(V, bv))](*args, *_cu(cu_seqlens), scale, T, H)
+    else:  # the maps walk the segments backwards, from dS = 0 with dO and from dS = I without
+        _segmented_pass(ks, SEG_MAPS_BWD, BWD_DH_SEG, seg, N * H, K, V, dev, (*args[:5], do), (scale, T, H), args,
+                        (scale, T, H))
     return dh, dr, dh0, dv
 
 

@@ -43,7 +43,7 @@ STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "states_every": ("chunk.bwd",),
     "gluon": ("chunk.bwd",),
     "launch_below_sms": ("chunk.fwd_small", "chunk.bwd_dh_small"),
-    "segments": ("chunk.fwd_small",),
+    "segments": ("chunk.fwd_small", "chunk.bwd_dh_small"),
 }
 
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
@@ -109,11 +109,12 @@ class Knobs(_Strict):
     # grid has fewer programs than this many times the device's SMs (None: 1, i.e. fewer programs than SMs).
     # Above 1 where the main kernel holds many programs per SM, so that a grid of a few per SM leaves it idle.
     launch_below_sms: int | None = Field(None, ge=1, le=64)
-    # stage chunk.fwd_small only, dense variants: where the small-grid copy runs, the forward splits each sequence
-    # into up to this many segments walked side by side. A first launch finds what each segment does to the state
-    # entering it (an affine map: S_end = P S_start + L); the forward pass over each segment then folds the maps
-    # of the segments before it into its starting state. About three walks of work in place of one, over this
-    # many times the programs: a gain only where the one walk leaves most SMs idle (docs/chunk_algorithm.md).
+    # stages chunk.fwd_small and chunk.bwd_dh_small only, dense variants: where the small-grid copy runs, its pass
+    # (the forward's and the states-only pass; the reverse pass) splits each sequence into up to this many segments
+    # walked side by side. A first launch finds what each segment does to the state entering it (an affine map:
+    # S_end = P S_start + L; backwards for the reverse pass); the pass over each segment then folds the maps of the
+    # segments before it into its starting state. About three walks of work in place of one, over this many times
+    # the programs: a gain only where the one walk leaves most SMs idle (docs/chunk_algorithm.md).
     segments: int | None = Field(None, ge=2, le=64)
 
     @field_validator("block_k", "block_v")

@@ -116,7 +116,8 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
         out[stage] = Knobs(**merged)
     if v.op == "chunk":
         check_states_every(v, out["bwd"])
-        check_segments(v, out.get("fwd_small"))
+        for stage in ("fwd_small", "bwd_dh_small"):
+            check_segments(v, stage, out.get(stage))
     return out
 
 
@@ -176,11 +177,11 @@ def check_states_every(v: Variant, bwd: Knobs) -> None:
         )
 
 
-def check_segments(v: Variant, fwd_small: Knobs | None) -> None:
-    """Knob chunk.fwd_small.segments splits dense sequences only (a varlen batch's sequences have their own
-    lengths); SpecError naming the variant otherwise."""
-    if fwd_small is not None and fwd_small.segments is not None and v.varlen:
-        raise SpecError(f"variant {v.name}: tuning chunk.fwd_small.segments = {fwd_small.segments}: dense variants "
+def check_segments(v: Variant, stage: str, knobs: Knobs | None) -> None:
+    """Knob segments (stages chunk.fwd_small, chunk.bwd_dh_small) splits dense sequences only (a varlen batch's
+    sequences have their own lengths); SpecError naming the variant otherwise."""
+    if knobs is not None and knobs.segments is not None and v.varlen:
+        raise SpecError(f"variant {v.name}: tuning chunk.{stage}.segments = {knobs.segments}: dense variants "
                         "only (varlen: false); limit the rule with `when`, e.g. {varlen: [false]}")
 
 

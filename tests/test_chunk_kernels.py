@@ -393,7 +393,8 @@ def test_small_grid_choice_below_a_multiple_of_the_sms(monkeypatch):
     assert chunk_driver._pass_kernel(ks, chunk_driver.BWD_DH, 66, 48, gpu) == (chunk_driver.BWD_DH, 32)
 
 
-SEGMENTED = {**SMALL, "fwd_small": knobs(block_v=16, num_warps=4, num_stages=2, segments=8)}
+SEGMENTED = {**SMALL, "fwd_small": knobs(block_v=16, num_warps=4, num_stages=2, segments=8),
+             "bwd_dh_small": knobs(block_v=16, num_warps=1, num_stages=1, segments=8)}
 
 
 @pytest.mark.parametrize("dtype,K,V,B,T,count,keep", [
@@ -402,10 +403,11 @@ SEGMENTED = {**SMALL, "fwd_small": knobs(block_v=16, num_warps=4, num_stages=2, 
     ("fp16", 48, 32, 2, 70, 2, True),     # K under its 64-wide tile
     ("fp32", 32, 48, 1, 64, 4, True),     # one chunk a segment
 ], ids=["fp32-3", "fp32-4-recompute", "fp16-k48", "fp32-1-chunk"])
-def test_forward_over_segments(monkeypatch, dtype, K, V, B, T, count, keep):
-    """Knob chunk.fwd_small.segments: the segments' maps, then the pass over each segment from the state the maps
-    before it give, match the reference (o, the final state, and the gradients through the kept or recomputed
-    states), NaN-poisoned; the segmented kernels did run."""
+def test_state_passes_over_segments(monkeypatch, dtype, K, V, B, T, count, keep):
+    """Knob segments (chunk.fwd_small, chunk.bwd_dh_small): the segments' maps, then the pass over each segment
+    from the state the maps of the segments before it (after it, for the reverse pass) give, match the reference
+    (o, the final state, and the gradients through the kept or recomputed states), NaN-poisoned; every state
+    pass ran over segments (forward, reverse, and the recompute's states pass)."""
     seen = []
     rule = chunk_driver.segments
     monkeypatch.setattr(chunk_driver, "SEGMENTS", count)
@@ -414,7 +416,7 @@ def test_forward_over_segments(monkeypatch, dtype, K, V, B, T, count, keep):
     check(run_case(v, B=B, T=T, H=2, tune=SEGMENTED, keep_states=keep), TOL[dtype])
     NT = -(-T // 16)
     per = -(-NT // count)
-    assert seen and all(s == (-(-NT // per), per) for s in seen), seen
+    assert len(seen) == (2 if keep else 3) and all(s == (-(-NT // per), per) for s in seen), seen
 
 
 def test_segments_rule(monkeypatch):
@@ -434,6 +436,10 @@ def test_segments_rule(monkeypatch):
     assert chunk_driver.segments(ks, chunk_driver.FWD, 8, 4096, gpu) is None
     assert chunk_driver.segments(ks, small, 8, 4096, torch.device("cpu")) is None
     assert chunk_driver.segments(load(make_variant("fp32", K=32, V=48), SMALL), small, 8, 4096, gpu) is None
+    assert chunk_driver.segments(ks, "chunk_dplr_bwd_dh_small_kernel", 8, 4096, gpu, "segments_bwd") == (8, 32)
+    only_fwd = {**SEGMENTED, "bwd_dh_small": SMALL["bwd_dh_small"]}
+    assert chunk_driver.segments(load(make_variant("fp32", K=32, V=48), only_fwd), "chunk_dplr_bwd_dh_small_kernel",
+                                 8, 4096, gpu, "segments_bwd") is None
     assert "chunk_dplr_fwd_seg_kernel" not in load(make_variant("fp32", K=32, V=48, varlen=True), SEGMENTED).m.SIGNATURES
 
 

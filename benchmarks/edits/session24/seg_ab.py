@@ -49,7 +49,7 @@ def main() -> int:
         x = C.rwkv7_case(B, T, H, D, dtype=torch.bfloat16, device="cuda", seed=7)
         do, dht = C.grad_outputs(x, 7)
         modes = dict(MODES)
-        if i == 0:
+        if i == 0 or shape in args.accuracy.split(","):
             modes.update({f"forced_{n}": int(n) for n in args.forced.split(",") if n})
         row = res["rows"].setdefault(shape, {})
         for gates in (("random", "slow") if shape in args.accuracy.split(",") else ()):
@@ -81,6 +81,7 @@ def main() -> int:
                 r = row.setdefault(mode, {})
                 if rnd == 0:
                     r["fwd_kernel_us"] = kernel_times(fwd)
+                    r["fwd_bwd_kernel_us"] = kernel_times(step)
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     for _ in range(200):
@@ -90,7 +91,7 @@ def main() -> int:
                 r.setdefault("fwd_ms", []).append(round(triton.testing.do_bench(fwd, warmup=50, rep=300), 4))
                 r.setdefault("fwd_bwd_ms", []).append(round(triton.testing.do_bench(step, warmup=50, rep=300), 4))
                 print(shape, rnd, mode, r["fwd_ms"][-1], r["fwd_bwd_ms"][-1],
-                      (r["fwd_kernel_us"], r["fwd_host_us"]) if rnd == 0 else "", flush=True)
+                      (r["fwd_kernel_us"], r["fwd_host_us"], r["fwd_bwd_kernel_us"]) if rnd == 0 else "", flush=True)
         chunk_driver.SEGMENTS = None
         (out / "seg_ab.json").write_text(json.dumps(res, indent=1))
     for s, r in res["rows"].items():

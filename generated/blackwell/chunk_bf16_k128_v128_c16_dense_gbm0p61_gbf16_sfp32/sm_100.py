@@ -395,7 +395,7 @@ def _state_pass(
         c0 = i_s * seg_chunks
         c1 = tl.minimum(c0 + seg_chunks, NT)
         last = i_s == tl.num_programs(2) - 1
-        S = _segment_start(S, xs, i_nh, i_s, tl.num_programs(2) - 1, o_k, o_v, m_k, m_v, K, V, BK)
+        S = _fold_maps(S, xs, i_nh, tl.num_programs(2) - 1, 0, i_s, 1, o_k, o_v, m_k, m_v, K, V, BK)
     for i_t in range(c0, c1):
         t0 = bos + i_t * BC
         lenc = tl.minimum(L - i_t * BC, BC)
@@ -420,8 +420,8 @@ def _state_pass(
 
 
 @triton.jit
-def _segment_start(S, xs, i_nh, i_s, n_maps, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
-                   BK: tl.constexpr):
+def _fold_maps(S, xs, i_nh, n_maps, first, count, step, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
+               BK: tl.constexpr):
     # no segmented pass in this variant (knob chunk.fwd_small.segments): never called (SEGMENTED is False)
     return S
 
@@ -448,16 +448,38 @@ def chunk_dplr_fwd_h_kernel(
 
 
 @triton.jit
+def _reverse_operands(y, p, qwt, awt, egc, p_s, o_c, o_k, o_kc, o_cc, m_k, K: tl.constexpr, BC: tl.constexpr):
+    """Chunk slot p_s's operands of the reverse step, from the backward's prep: Y [C, K], P [C, C], the
+    gate-scaled (Q e^gamma)^T and (A e^gamma')^T [K, C], e^gamma_C [K]."""
+    b_y = tl.load(y + p_s * BC * K + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
+    b_p = tl.load(p + p_s * BC * BC + o_cc)
+    b_qwt = tl.load(qwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_awt = tl.load(awt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+    return b_y, b_p, b_qwt, b_awt, b_eg
+
+
+@triton.jit
+def _previous_ds(dS, b_do, dR, b_qwt, b_awt, b_eg, scale):
+    """dS0 = e^gamma_C dS + scale (Q e^gamma)^T dO + (A e^gamma')^T dR: the gradient reaching the chunk's start."""
+    dS_q = _dot(b_qwt, b_do)
+    dS_a = _dot(b_awt, dR)
+    return dS * b_eg[:, None] + (scale * dS_q + dS_a)
+
+
+@triton.jit
 def _reverse_pass(
-    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, xs, seg_chunks,
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SEGMENTED: tl.constexpr,
 ):
     """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
     per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P), dV (it contracts over K, never over V, so
     each V-block has all it needs here, and the token pass holds fewer tiles) and, at the end of each of the
     16-token slots, dS (the gradient reaching that end state), then steps dS to the chunk start; finally
-    d(initial state)."""
+    d(initial state). SEGMENTED: the program walks only segment program_id(2) of seg_chunks chunks, from the dS
+    the maps of the segments after it (xs, written by chunk_dplr_seg_maps_bwd_kernel) give."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -476,8 +498,18 @@ def _reverse_pass(
     o_ck_t = o_c[:, None] + o_k[None, :] * BC  # a [K, C] operand read as its [C, K] transpose
     o_cc = o_c[:, None] * BC + o_c[None, :]
     dS = tl.load(dht + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
-    for i_r in range(NT):
-        i_t = NT - 1 - i_r
+    c0 = 0
+    c1 = NT
+    first = True
+    if SEGMENTED:
+        i_s = tl.program_id(2)
+        n_maps = tl.num_programs(2) - 1  # segment j > 0 has map j - 1
+        c0 = i_s * seg_chunks
+        c1 = tl.minimum(c0 + seg_chunks, NT)
+        first = i_s == 0
+        dS = _fold_maps(dS, xs, i_nh, n_maps, n_maps - 1, n_maps - i_s, -1, o_k, o_v, m_k, m_v, K, V, BK)
+    for i_r in range(c1 - c0):
+        i_t = c1 - 1 - i_r
         t0 = bos + i_t * BC
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
@@ -489,12 +521,7 @@ def _reverse_pass(
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.bfloat16)
-        b_y = tl.load(y + p_s * BC * K + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
-        b_p = tl.load(p + p_s * BC * BC + o_cc)
-        # the prep's gate-scaled operands: (Q e^gamma)^T, (A e^gamma')^T, e^gamma_C
-        b_qwt = tl.load(qwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
-        b_awt = tl.load(awt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
-        b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+        b_y, b_p, b_qwt, b_awt, b_eg = _reverse_operands(y, p, qwt, awt, egc, p_s, o_c, o_k, o_kc, o_cc, m_k, K, BC)
         # dR = (I - A_ab)^-T dU, dU = scale A_qb^T dO + (B e^(gamma_C - gamma)) dS  (chunk_dplr_prep_bwd_kernel)
         dS_dt = dS.to(tl.bfloat16)
         dR = (scale * _dot(b_p, b_do) + _dot(b_y, dS_dt)).to(tl.bfloat16)
@@ -505,11 +532,8 @@ def _reverse_pass(
         b_dv = _dot_acc(b_kw, dS_dt, scale * _dot(tl.load(aqkt + p_s * BC * BC + o_cc), b_do))
         b_dv = _dot_acc(tl.load(aakt + p_s * BC * BC + o_cc), dR, b_dv)
         tl.store(dv + p_y, b_dv.to(dv.dtype.element_ty), mask=m_y)
-        # dS0 = e^gamma_C dS + scale (Q e^gamma)^T dO + (A e^gamma')^T dR
-        dS_q = _dot(b_qwt, b_do)
-        dS_a = _dot(b_awt, dR)
-        dS = dS * b_eg[:, None] + (scale * dS_q + dS_a)
-    tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, dS, mask=m_kv)
+        dS = _previous_ds(dS, b_do, dR, b_qwt, b_awt, b_eg, scale)
+    tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, dS, mask=m_kv & first)
 
 
 @triton.jit
@@ -518,8 +542,8 @@ def chunk_dplr_bwd_dh_kernel(
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, scale, T, H,
-                  K, V, BC, BK, BV)
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, dht, 1, scale, T, H,
+                  K, V, BC, BK, BV, False)
 
 
 @triton.jit
@@ -678,6 +702,8 @@ OPTIONS = {"overlap_state_passes": False, "states_every": 16,
            "persistent": [],
            # the small-grid forward's segments per sequence at most (chunk_driver.segments); 0: no segmented pass
            "segments": 0,
+           # the same for the small-grid reverse pass (knob chunk.bwd_dh_small.segments)
+           "segments_bwd": 0,
            "small_grid_below_sms": {
            }}
 LAUNCH = {

@@ -469,7 +469,7 @@ def _state_pass(
         c0 = i_s * seg_chunks
         c1 = tl.minimum(c0 + seg_chunks, NT)
         last = i_s == tl.num_programs(2) - 1
-        S = _segment_start(S, xs, i_nh, i_s, tl.num_programs(2) - 1, o_k, o_v, m_k, m_v, K, V, BK)
+        S = _fold_maps(S, xs, i_nh, tl.num_programs(2) - 1, 0, i_s, 1, o_k, o_v, m_k, m_v, K, V, BK)
     for i_t in range(c0, c1):
         t0 = bos + i_t * BC
         lenc = tl.minimum(L - i_t * BC, BC)
@@ -494,18 +494,34 @@ def _state_pass(
 
 
 @triton.jit
-def _segment_start(S, xs, i_nh, i_s, n_maps, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
-                   BK: tl.constexpr):
-    """The state entering segment i_s of a sequence, from the state S entering the sequence: the segments before
-    it applied in order, each as its map S -> P S + L (xs[i_nh, j] = [L | P], [K, V + K] fp32). P S is a dot
-    of tl.bfloat16 operands, as each chunk's W S is."""
+def _fold_maps(S, xs, i_nh, n_maps, first, count, step, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
+               BK: tl.constexpr):
+    """S [K, BV] carried through ``count`` segments, each as its map S -> P S + L (xs[i_nh, first + i step] =
+    [L | P], [K, V + K] fp32, written by a *_seg_maps_* kernel): the state entering a segment from the one
+    entering the sequence (forward), or dS leaving a segment from dS leaving the sequence (reverse). P S is a dot
+    of tl.bfloat16 operands, as each chunk's step is."""
     o_kk = o_k[:, None] * (V + K) + V + o_k[None, :]
     o_kl = o_k[:, None] * (V + K) + o_v[None, :]
-    for j in tl.range(i_s, num_stages=1):  # not pipelined: a stage of P is 64 KB of shared memory
-        base = xs + (i_nh.to(tl.int64) * n_maps + j) * K * (V + K)
+    for j in tl.range(count, num_stages=1):  # not pipelined: a stage of P is 64 KB of shared memory
+        base = xs + (i_nh.to(tl.int64) * n_maps + first + j * step) * K * (V + K)
         P = tl.load(base + o_kk, mask=m_k[:, None] & m_k[None, :], other=0.).to(tl.bfloat16)
         S = _dot_acc(P, S.to(tl.bfloat16), tl.load(base + o_kl, mask=m_k[:, None] & m_v[None, :], other=0.))
     return S
+
+
+@triton.jit
+def _map_columns(i_b, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Column block i_b of a segment map [L | P]: (whether it is L's, its columns within L or P, their mask, their
+    columns in xs, the walk's starting state: 0 for L's columns, I for P's)."""
+    NVB = tl.cdiv(V, BV)
+    of_v = i_b < NVB
+    o_k = tl.arange(0, BK)
+    o_j = (i_b - tl.where(of_v, 0, NVB)) * BV + tl.arange(0, BV)
+    m_j = o_j < tl.where(of_v, V, K)
+    S = ((o_k[:, None] == o_j[None, :]) & (i_b >= NVB)).to(tl.float32)
+    return of_v, o_j, m_j, o_j + tl.where(of_v, 0, V), S
+
+
 
 
 @triton.jit
@@ -524,16 +540,12 @@ def chunk_dplr_seg_maps_kernel(
     i_h = i_nh % H
     bos, L, slot0 = _sequence(i_n, T, BC)
     NT = tl.cdiv(L, BC)
-    NVB = tl.cdiv(V, BV)
-    of_v = i_b < NVB
+    of_v, o_j, m_j, o_x, S = _map_columns(i_b, K, V, BK, BV)
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
-    o_j = (i_b - tl.where(of_v, 0, NVB)) * BV + tl.arange(0, BV)  # L's column (of_v) or P's
     m_k = o_k < K
-    m_j = o_j < tl.where(of_v, V, K)
     o_ck = o_c[:, None] * K + o_k[None, :]
     o_kc = o_k[:, None] * BC + o_c[None, :]
-    S = ((o_k[:, None] == o_j[None, :]) & (i_b >= NVB)).to(tl.float32)
     for i_t in range(i_s * seg_chunks, tl.minimum((i_s + 1) * seg_chunks, NT)):
         t0 = bos + i_t * BC
         m_c = o_c < tl.minimum(L - i_t * BC, BC)
@@ -544,9 +556,8 @@ def chunk_dplr_seg_maps_kernel(
         b_w, b_m, b_bwt, b_kwt, b_eg = _step_operands(w, m, bwt, kwt, egc, p_s, o_ck, o_kc, p_cc, o_k, m_k, K, BC)
         U = (_dot(b_w, S.to(tl.bfloat16)) + _dot(b_m, b_v)).to(tl.bfloat16)
         S = _next_state(S, U, b_v, b_bwt, b_kwt, b_eg)
-    o_x = o_k[:, None] * (V + K) + (o_j + tl.where(of_v, 0, V))[None, :]
-    tl.store(xs + (i_nh.to(tl.int64) * tl.num_programs(2) + i_s) * K * (V + K) + o_x, S,
-             mask=m_k[:, None] & m_j[None, :])
+    tl.store(xs + (i_nh.to(tl.int64) * tl.num_programs(2) + i_s) * K * (V + K) + o_k[:, None] * (V + K) + o_x[None, :],
+             S, mask=m_k[:, None] & m_j[None, :])
 
 
 @triton.jit
@@ -557,6 +568,15 @@ def chunk_dplr_fwd_seg_kernel(
 ):
     _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, xs, seg_chunks, scale, store_states, T, H,
                 K, V, BC, BK, BV, True, True)
+
+
+@triton.jit
+def chunk_dplr_fwd_h_seg_kernel(
+    kwt, v, bwt, egc, w, m, h0, h, ht, u, xs, seg_chunks, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, xs, seg_chunks, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False, True)
 
 
 @triton.jit
@@ -601,16 +621,36 @@ def chunk_dplr_fwd_h_small_kernel(
 
 
 @triton.jit
+def _reverse_operands(y, p, qwt, awt, egc, p_s, o_c, o_k, o_kc, o_cc, m_k, K: tl.constexpr, BC: tl.constexpr):
+    """Chunk slot p_s's operands of the reverse step, from the backward's prep: Y [C, K], P [C, C], the
+    gate-scaled (Q e^gamma)^T and (A e^gamma')^T [K, C], e^gamma_C [K]."""
+    b_y = tl.load(y + p_s * BC * K + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
+    b_p = tl.load(p + p_s * BC * BC + o_cc)
+    b_qwt = tl.load(qwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_awt = tl.load(awt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
+    b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+    return b_y, b_p, b_qwt, b_awt, b_eg
+
+
+@triton.jit
+def _previous_ds(dS, b_do, dR, b_qwt, b_awt, b_eg, scale):
+    """dS0 = e^gamma_C dS + scale (Q e^gamma)^T dO + (A e^gamma')^T dR: the gradient reaching the chunk's start."""
+    return dS * b_eg[:, None] + scale * _dot(b_qwt, b_do) + _dot(b_awt, dR)
+
+
+@triton.jit
 def _reverse_pass(
-    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, xs, seg_chunks,
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SEGMENTED: tl.constexpr,
 ):
     """The reverse state pass over one (sequence * head, V-block): walks the chunks backwards with dS on chip;
     per chunk it stores dR (chunk_dplr_prep_bwd_kernel's Y and P), dV (it contracts over K, never over V, so
     each V-block has all it needs here, and the token pass holds fewer tiles) and, at the end of each of the
     32-token slots, dS (the gradient reaching that end state), then steps dS to the chunk start; finally
-    d(initial state)."""
+    d(initial state). SEGMENTED: the program walks only segment program_id(2) of seg_chunks chunks, from the dS
+    the maps of the segments after it (xs, written by chunk_dplr_seg_maps_bwd_kernel) give."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = i_nh // H
@@ -629,8 +669,18 @@ def _reverse_pass(
     o_ck_t = o_c[:, None] + o_k[None, :] * BC  # a [K, C] operand read as its [C, K] transpose
     o_cc = o_c[:, None] * BC + o_c[None, :]
     dS = tl.load(dht + i_nh.to(tl.int64) * K * V + o_kv, mask=m_kv, other=0.)
-    for i_r in range(NT):
-        i_t = NT - 1 - i_r
+    c0 = 0
+    c1 = NT
+    first = True
+    if SEGMENTED:
+        i_s = tl.program_id(2)
+        n_maps = tl.num_programs(2) - 1  # segment j > 0 has map j - 1
+        c0 = i_s * seg_chunks
+        c1 = tl.minimum(c0 + seg_chunks, NT)
+        first = i_s == 0
+        dS = _fold_maps(dS, xs, i_nh, n_maps, n_maps - 1, n_maps - i_s, -1, o_k, o_v, m_k, m_v, K, V, BK)
+    for i_r in range(c1 - c0):
+        i_t = c1 - 1 - i_r
         t0 = bos + i_t * BC
         lenc = tl.minimum(L - i_t * BC, BC)
         m_c = o_c < lenc
@@ -642,12 +692,7 @@ def _reverse_pass(
         p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
         m_y = m_c[:, None] & m_v[None, :]
         b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.bfloat16)
-        b_y = tl.load(y + p_s * BC * K + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
-        b_p = tl.load(p + p_s * BC * BC + o_cc)
-        # the prep's gate-scaled operands: (Q e^gamma)^T, (A e^gamma')^T, e^gamma_C
-        b_qwt = tl.load(qwt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
-        b_awt = tl.load(awt + p_s * BC * K + o_kc, mask=m_k[:, None], other=0.)
-        b_eg = tl.load(egc + p_s * K + o_k, mask=m_k, other=0.)
+        b_y, b_p, b_qwt, b_awt, b_eg = _reverse_operands(y, p, qwt, awt, egc, p_s, o_c, o_k, o_kc, o_cc, m_k, K, BC)
         # dR = (I - A_ab)^-T dU, dU = scale A_qb^T dO + (B e^(gamma_C - gamma)) dS  (chunk_dplr_prep_bwd_kernel)
         dS_dt = dS.to(tl.bfloat16)
         dR = (scale * _dot(b_p, b_do) + _dot(b_y, dS_dt)).to(tl.bfloat16)
@@ -658,9 +703,55 @@ def _reverse_pass(
         b_dv = _dot_acc(b_kw, dS_dt, scale * _dot(tl.load(aqkt + p_s * BC * BC + o_cc), b_do))
         b_dv = _dot_acc(tl.load(aakt + p_s * BC * BC + o_cc), dR, b_dv)
         tl.store(dv + p_y, b_dv.to(dv.dtype.element_ty), mask=m_y)
-        # dS0 = e^gamma_C dS + scale (Q e^gamma)^T dO + (A e^gamma')^T dR
-        dS = dS * b_eg[:, None] + scale * _dot(b_qwt, b_do) + _dot(b_awt, dR)
-    tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, dS, mask=m_kv)
+        dS = _previous_ds(dS, b_do, dR, b_qwt, b_awt, b_eg, scale)
+    tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, dS, mask=m_kv & first)
+
+
+@triton.jit
+def chunk_dplr_seg_maps_bwd_kernel(
+    qwt, awt, egc, y, p, do, xs, seg_chunks, scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """What segment program_id(2) + 1 (seg_chunks chunks; every segment but a sequence's first) does to the dS
+    leaving it, walked backwards: an affine map dS -> P dS + L to the dS reaching its start, written as
+    xs[sequence * head, program_id(2)] = [L | P] [K, V + K] fp32; column blocks as in chunk_dplr_seg_maps_kernel
+    (L's from dS = 0 with dO, P's from dS = I with dO = 0)."""
+    i_nh = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_s = tl.program_id(2) + 1
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, L, slot0 = _sequence(i_n, T, BC)
+    NT = tl.cdiv(L, BC)
+    of_v, o_j, m_j, o_x, dS = _map_columns(i_b, K, V, BK, BV)
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_kc = o_k[:, None] * BC + o_c[None, :]
+    o_cc = o_c[:, None] * BC + o_c[None, :]
+    c1 = tl.minimum((i_s + 1) * seg_chunks, NT)
+    for i_r in range(c1 - i_s * seg_chunks):
+        i_t = c1 - 1 - i_r
+        t0 = bos + i_t * BC
+        m_c = o_c < tl.minimum(L - i_t * BC, BC)
+        p_s = (slot0 + i_t) * H + i_h
+        p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_j[None, :]
+        b_do = tl.load(do + p_y, mask=m_c[:, None] & (m_j & of_v)[None, :], other=0.).to(tl.bfloat16)
+        b_y, b_p, b_qwt, b_awt, b_eg = _reverse_operands(y, p, qwt, awt, egc, p_s, o_c, o_k, o_kc, o_cc, m_k, K, BC)
+        dR = (scale * _dot(b_p, b_do) + _dot(b_y, dS.to(tl.bfloat16))).to(tl.bfloat16)
+        dS = _previous_ds(dS, b_do, dR, b_qwt, b_awt, b_eg, scale)
+    tl.store(xs + (i_nh.to(tl.int64) * tl.num_programs(2) + i_s - 1) * K * (V + K) + o_k[:, None] * (V + K)
+             + o_x[None, :], dS, mask=m_k[:, None] & m_j[None, :])
+
+
+@triton.jit
+def chunk_dplr_bwd_dh_seg_kernel(
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, xs, seg_chunks,
+    scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, xs, seg_chunks, scale, T, H,
+                  K, V, BC, BK, BV, True)
 
 
 @triton.jit
@@ -669,8 +760,8 @@ def chunk_dplr_bwd_dh_kernel(
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, scale, T, H,
-                  K, V, BC, BK, BV)
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, dht, 1, scale, T, H,
+                  K, V, BC, BK, BV, False)
 
 
 @triton.jit
@@ -679,8 +770,8 @@ def chunk_dplr_bwd_dh_small_kernel(
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, scale, T, H,
-                  K, V, BC, BK, BV)
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, dht, 1, scale, T, H,
+                  K, V, BC, BK, BV, False)
 
 
 @triton.jit
@@ -875,6 +966,8 @@ OPTIONS = {"overlap_state_passes": True, "states_every": 32,
            "persistent": [],
            # the small-grid forward's segments per sequence at most (chunk_driver.segments); 0: no segmented pass
            "segments": 8,
+           # the same for the small-grid reverse pass (knob chunk.bwd_dh_small.segments)
+           "segments_bwd": 8,
            "small_grid_below_sms": {
                "chunk_dplr_fwd_kernel": 1,
                "chunk_dplr_fwd_h_kernel": 1,
@@ -894,6 +987,9 @@ for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
     SIGNATURES[_small] = SIGNATURES[_name]
     CONSTEXPRS[_small] = {**CONSTEXPRS[_name], "BV": 32}
     LAUNCH[_small] = {"num_warps": 4, "num_stages": 3}
+SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
+CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
+LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 3}
 # the small-grid forward over segments: the segments' maps, then the forward pass with two more arguments
 SIGNATURES["chunk_dplr_seg_maps_kernel"] = {
     "kwt": "*bf16", "v": "*bf16", "bwt": "*bf16", "egc": "*fp32", "w": "*bf16", "m": "*bf16",
@@ -905,9 +1001,25 @@ SIGNATURES["chunk_dplr_fwd_seg_kernel"] = {
     "o": "*bf16", "h0": "*fp32", "h": "*bf16", "ht": "*fp32", "u": "*bf16",
     "xs": "*fp32", "seg_chunks": "i32", "scale": "fp32", "store_states": "i32", "T": "i32", "H": "i32",
 }
-for _name in ("chunk_dplr_seg_maps_kernel", "chunk_dplr_fwd_seg_kernel"):
+SIGNATURES["chunk_dplr_fwd_h_seg_kernel"] = {
+    "kwt": "*bf16", "v": "*bf16", "bwt": "*bf16", "egc": "*fp32",
+    "w": "*bf16", "m": "*bf16", "h0": "*fp32", "h": "*bf16", "ht": "*fp32", "u": "*bf16",
+    "xs": "*fp32", "seg_chunks": "i32", "T": "i32", "H": "i32",
+}
+for _name in ("chunk_dplr_seg_maps_kernel", "chunk_dplr_fwd_seg_kernel", "chunk_dplr_fwd_h_seg_kernel"):
     CONSTEXPRS[_name] = CONSTEXPRS["chunk_dplr_fwd_small_kernel"]
     LAUNCH[_name] = LAUNCH["chunk_dplr_fwd_small_kernel"]
-SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
-CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
-LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 3}
+# the small-grid reverse pass over segments: the segments' maps (walked backwards), then the pass
+SIGNATURES["chunk_dplr_seg_maps_bwd_kernel"] = {
+    "qwt": "*bf16", "awt": "*bf16", "egc": "*fp32", "y": "*bf16", "p": "*bf16",
+    "do": "*bf16", "xs": "*fp32", "seg_chunks": "i32", "scale": "fp32", "T": "i32", "H": "i32",
+}
+SIGNATURES["chunk_dplr_bwd_dh_seg_kernel"] = {
+    "qwt": "*bf16", "awt": "*bf16", "egc": "*fp32", "y": "*bf16", "p": "*bf16",
+    "kwt": "*bf16", "aqkt": "*bf16", "aakt": "*bf16",
+    "do": "*bf16", "dht": "*fp32", "dh": "*bf16", "dh0": "*fp32", "dr": "*bf16",
+    "dv": "*bf16", "xs": "*fp32", "seg_chunks": "i32", "scale": "fp32", "T": "i32", "H": "i32",
+}
+for _name in ("chunk_dplr_seg_maps_bwd_kernel", "chunk_dplr_bwd_dh_seg_kernel"):
+    CONSTEXPRS[_name] = CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"]
+    LAUNCH[_name] = LAUNCH["chunk_dplr_bwd_dh_small_kernel"]
