@@ -48,11 +48,13 @@ PER_SEQUENCE: bool | None = None
 # tests: force the forward over this many segments per sequence wherever the variant has the segmented pass
 # (None: by ``segments``' rule)
 SEGMENTS: int | None = None
-# the forward over segments (knob chunk.fwd_small.segments): the fewest chunks a segment walks, and the programs
-# per SM its pass may hold. Its cost is about three walks of a segment (the maps' V and K columns, then the pass),
-# so it needs at least three segments to gain, and a grid the device runs at once (docs/perf_notes.md 51).
+# the state passes over segments (knob segments): the fewest chunks a segment walks, and the programs per SM its
+# pass may hold. Its cost is about three walks of a segment (the maps' V and K columns, then the pass), so it needs
+# at least three segments to gain, and a grid the device runs at once. H100, bf16, forward+backward at
+# (1,32768,32,64) (64 programs a one-walk pass): 7.52 ms one walk, 5.52 at 4 segments, 5.16 at 8, 5.34 at 16
+# (docs/perf_notes.md 51).
 SEGMENT_MIN_CHUNKS = 16
-SEGMENT_PROGRAMS_PER_SM = 2
+SEGMENT_PROGRAMS_PER_SM = 4
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -429,8 +429,9 @@ def test_segments_rule(monkeypatch):
     monkeypatch.setattr(chunk_driver, "_sm_count", lambda index: 132)
     small = "chunk_dplr_fwd_small_kernel"
     assert chunk_driver.segments(ks, small, 8, 4096, gpu) == (8, 32)       # (1, 4096, 2, 128)
-    assert chunk_driver.segments(ks, small, 64, 2048, gpu) == (4, 32)      # (2, 2048, 8, 128): 264 // 64
-    assert chunk_driver.segments(ks, small, 100, 4096, gpu) is None        # two segments would not gain
+    assert chunk_driver.segments(ks, small, 64, 2048, gpu) == (8, 16)      # (2, 2048, 8, 128)
+    assert chunk_driver.segments(ks, small, 100, 4096, gpu) == (5, 52)     # 528 // 100
+    assert chunk_driver.segments(ks, small, 200, 4096, gpu) is None        # two segments would not gain
     assert chunk_driver.segments(ks, small, 8, 800, gpu) == (3, 17)        # 50 chunks: 3 of 16 at most
     assert chunk_driver.segments(ks, small, 8, 700, gpu) is None           # 44 chunks: 2 of 16 at most
     assert chunk_driver.segments(ks, chunk_driver.FWD, 8, 4096, gpu) is None
