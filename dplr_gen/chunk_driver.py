@@ -48,12 +48,14 @@ PER_SEQUENCE: bool | None = None
 # tests: force the forward over this many segments per sequence wherever the variant has the segmented pass
 # (None: by ``segments``' rule)
 SEGMENTS: int | None = None
-# the state passes over segments (knob segments): the fewest chunks a segment walks, and the programs per SM its
-# pass may hold. Its cost is about three walks of a segment (the maps' V and K columns, then the pass), so it needs
-# at least three segments to gain, and a grid the device runs at once. H100, bf16, forward+backward at
-# (1,32768,32,64) (64 programs a one-walk pass): 7.52 ms one walk, 5.52 at 4 segments, 5.16 at 8, 5.34 at 16
-# (docs/perf_notes.md 51).
+# the state passes over segments (knob segments): the fewest chunks a segment walks, and the warps and programs per
+# SM its pass may hold. Its cost is about three walks of a segment (the maps' V and K columns, then the pass), so it
+# needs at least three segments to gain, and a grid the device runs at once. H100, bf16, forward+backward
+# (docs/perf_notes.md 51): (1,32768,32,64), 1-warp passes, 64 programs a one-walk pass: 7.52 ms one walk, 5.52 at
+# 4 segments, 5.16 at 8, 5.34 at 16; (2,2048,8,128), 4-warp passes, 64 programs: the kernels of a forward+backward
+# 592 us at 4 segments, 721 at 8 (673 one walk).
 SEGMENT_MIN_CHUNKS = 16
+SEGMENT_WARPS_PER_SM = 8
 SEGMENT_PROGRAMS_PER_SM = 4
 
 
@@ -202,8 +204,9 @@ def segments(ks, name: str, programs: int, T: int, device: torch.device, option:
     walk per sequence. Only where the variant has that pass (its OPTIONS ``option``: "segments" for the forward's
     and the states-only pass, knob chunk.fwd_small.segments; "segments_bwd" for the reverse pass, knob
     chunk.bwd_dh_small.segments; at most that many) and the small-grid copy ``name`` was chosen for a grid of
-    ``programs``: as many segments as keep the pass's grid within SEGMENT_PROGRAMS_PER_SM programs per SM, each
-    of at least SEGMENT_MIN_CHUNKS chunks, and at least three (``SEGMENTS`` forces the count)."""
+    ``programs``: as many segments as keep the pass's grid within SEGMENT_WARPS_PER_SM warps and
+    SEGMENT_PROGRAMS_PER_SM programs per SM, each of at least SEGMENT_MIN_CHUNKS chunks, and at least three
+    (``SEGMENTS`` forces the count)."""
     most = ks.option(option, 0)
     if not most:
         return None
@@ -211,7 +214,8 @@ def segments(ks, name: str, programs: int, T: int, device: torch.device, option:
     if SEGMENTS is not None:
         count = SEGMENTS
     elif name.endswith("_small_kernel"):
-        count = min(most, NT // SEGMENT_MIN_CHUNKS, SEGMENT_PROGRAMS_PER_SM * _device_sms(device) // programs)
+        per_sm = max(1, min(SEGMENT_PROGRAMS_PER_SM, SEGMENT_WARPS_PER_SM // ks.warps(name)))
+        count = min(most, NT // SEGMENT_MIN_CHUNKS, per_sm * _device_sms(device) // programs)
         if count < 3:
             return None
     else:

@@ -103,6 +103,10 @@ class KernelSet:
     def constexprs(self, name: str) -> dict[str, Any]:
         return dict(self.module.CONSTEXPRS[name])
 
+    def warps(self, name: str) -> int:
+        """Warps a program of kernel ``name`` runs (its launch options)."""
+        return int(self.module.LAUNCH[name]["num_warps"])
+
     def option(self, name: str, default: Any = None) -> Any:
         """A host-side choice the variant's source declares (its ``OPTIONS``), else ``default``."""
         return getattr(self.module, "OPTIONS", {}).get(name, default)

@@ -68,6 +68,9 @@ class DevKernelSet:
     def option(self, name, default=None):
         return getattr(self.m, "OPTIONS", {}).get(name, default)
 
+    def warps(self, name):
+        return self.m.LAUNCH[name]["num_warps"]
+
     def resident_per_sm(self, name, device):
         return None  # compiled at run time: unknown, as runtime.KernelSet says of such kernels
 
@@ -420,8 +423,8 @@ def test_state_passes_over_segments(monkeypatch, dtype, K, V, B, T, count, keep)
 
 
 def test_segments_rule(monkeypatch):
-    """At least three segments of SEGMENT_MIN_CHUNKS chunks, the pass's grid within SEGMENT_PROGRAMS_PER_SM
-    programs per SM, at most the knob's count, and only where the small-grid copy was chosen and the variant has
+    """At least three segments of SEGMENT_MIN_CHUNKS chunks, the pass's grid within SEGMENT_WARPS_PER_SM warps and
+    SEGMENT_PROGRAMS_PER_SM programs per SM, at most the knob's count, and only where the small-grid copy was chosen and the variant has
     the segmented pass."""
     ks = load(make_variant("fp32", K=32, V=48), SEGMENTED)
     assert ks.option("segments") == 8 and {chunk_driver.SEG_MAPS, chunk_driver.FWD_SEG} <= set(ks.m.SIGNATURES)
@@ -429,9 +432,12 @@ def test_segments_rule(monkeypatch):
     monkeypatch.setattr(chunk_driver, "_sm_count", lambda index: 132)
     small = "chunk_dplr_fwd_small_kernel"
     assert chunk_driver.segments(ks, small, 8, 4096, gpu) == (8, 32)       # (1, 4096, 2, 128)
-    assert chunk_driver.segments(ks, small, 64, 2048, gpu) == (8, 16)      # (2, 2048, 8, 128)
-    assert chunk_driver.segments(ks, small, 100, 4096, gpu) == (5, 52)     # 528 // 100
-    assert chunk_driver.segments(ks, small, 200, 4096, gpu) is None        # two segments would not gain
+    # the forward's copy runs 4 warps: 2 programs per SM
+    assert chunk_driver.segments(ks, small, 64, 2048, gpu) == (4, 32)      # (2, 2048, 8, 128): 264 // 64
+    assert chunk_driver.segments(ks, small, 100, 4096, gpu) is None        # two segments would not gain
+    # the reverse pass's copy runs 1 warp: 4 programs per SM
+    rev = "chunk_dplr_bwd_dh_small_kernel"
+    assert chunk_driver.segments(ks, rev, 100, 4096, gpu, "segments_bwd") == (5, 52)  # 528 // 100
     assert chunk_driver.segments(ks, small, 8, 800, gpu) == (3, 17)        # 50 chunks: 3 of 16 at most
     assert chunk_driver.segments(ks, small, 8, 700, gpu) is None           # 44 chunks: 2 of 16 at most
     assert chunk_driver.segments(ks, chunk_driver.FWD, 8, 4096, gpu) is None
