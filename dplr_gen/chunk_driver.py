@@ -45,8 +45,8 @@ OVERLAP: bool | None = None
 # tests and benchmarks: force the varlen token pass's launch per sequence on (True, wherever it can run) or off
 # (False); None: by per_sequence_launches' rule
 PER_SEQUENCE: bool | None = None
-# tests: force the forward over this many segments per sequence wherever the variant has the segmented pass
-# (None: by ``segments``' rule)
+# tests and benchmarks: force the state passes over this many segments per sequence wherever the variant has the
+# segmented passes (0 or 1: one walk; None: by ``segments``' rule)
 SEGMENTS: int | None = None
 # the state passes over segments (knob segments): the fewest chunks a segment walks, and the warps and programs per
 # SM its pass may hold. Its cost is about three walks of a segment (the maps' V and K columns, then the pass), so it
@@ -69,8 +69,8 @@ def _empty(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-# elements a part of _empty_parts starts at a multiple of: 256 bytes at most (the kernels are compiled for
-# 16-byte-aligned pointers; the allocator aligns to 512)
+# each part of _empty_parts starts at a multiple of this many elements (256 bytes in bf16): the kernels are
+# compiled for 16-byte-aligned pointers
 _PART_ALIGN = 128
 
 
