@@ -203,7 +203,7 @@ def segments(ks, name: str, programs: int, T: int, device: torch.device, option:
     """(segments, chunks per segment) of a dense state pass over segments of each sequence, or None for one
     walk per sequence. Only where the variant has that pass (its OPTIONS ``option``: "segments" for the forward's
     and the states-only pass, knob chunk.fwd_small.segments; "segments_bwd" for the reverse pass, knob
-    chunk.bwd_dh_small.segments; at most that many) and the small-grid copy ``name`` was chosen for a grid of
+    chunk.bwd_dh_small.segments; at most that many; 0 in every varlen variant) and the small-grid copy ``name`` was chosen for a grid of
     ``programs``: as many segments as keep the pass's grid within SEGMENT_WARPS_PER_SM warps and
     SEGMENT_PROGRAMS_PER_SM programs per SM, each of at least SEGMENT_MIN_CHUNKS chunks, and at least three
     (``SEGMENTS`` forces the count)."""
@@ -369,7 +369,7 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
     args = (pr.x3, pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, initial_state, h, ht, u)
     tail = (float(scale), int(keep_states), T, H)
-    seg = None if cu_seqlens is not None else segments(ks, name, N * H * _cdiv(V, bv), T, dev)
+    seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev)
     if seg is None:
         getattr(ks, name)[(N * H, _cdiv(V, bv))](*args, *_cu(cu_seqlens), *tail)
         return o, ht, saved
@@ -422,7 +422,7 @@ def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None,
     NH = saved["N"] * H
     name, bv = _pass_kernel(ks, FWD_H, NH, V, k.device)
     args = (pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, h0, h, ht, u, *_cu(cu_seqlens))
-    seg = None if cu_seqlens is not None else segments(ks, name, NH * _cdiv(V, bv), T, k.device)
+    seg = segments(ks, name, NH * _cdiv(V, bv), T, k.device)
 
     def launch() -> tuple:
         if seg is None:
@@ -457,7 +457,7 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tenso
     dv = _empty(saved["v"].shape, saved["v"].dtype, dev)
     name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
     args = (pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv)
-    seg = None if cu_seqlens is not None else segments(ks, name, N * H * _cdiv(V, bv), T, dev, "segments_bwd")
+    seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev, "segments_bwd")
     if seg is None:
         getattr(ks, name)[(N * H, _cdiv(V, bv))](*args, *_cu(cu_seqlens), scale, T, H)
     else:  # the maps walk the segments backwards, from dS = 0 with dO and from dS = I without

@@ -428,6 +428,9 @@ def test_segments_rule(monkeypatch):
     the segmented pass."""
     ks = load(make_variant("fp32", K=32, V=48), SEGMENTED)
     assert ks.option("segments") == 8 and {chunk_driver.SEG_MAPS, chunk_driver.FWD_SEG} <= set(ks.m.SIGNATURES)
+    for name in (chunk_driver.SEG_MAPS, chunk_driver.FWD_SEG, chunk_driver.FWD_H_SEG, chunk_driver.SEG_MAPS_BWD,
+                 chunk_driver.BWD_DH_SEG):  # each declared signature is its kernel's parameter list
+        assert _kernel_params(ks.m, name) == list(ks.m.SIGNATURES[name]) + list(ks.m.CONSTEXPRS[name]), name
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(chunk_driver, "_sm_count", lambda index: 132)
     small = "chunk_dplr_fwd_small_kernel"

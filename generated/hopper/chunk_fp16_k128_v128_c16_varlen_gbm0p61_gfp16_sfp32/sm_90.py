@@ -425,7 +425,7 @@ def _state_pass(
 @triton.jit
 def _fold_maps(S, xs, i_nh, n_maps, first, count, step, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr):
-    # no segmented pass in this variant (knob chunk.fwd_small.segments): never called (SEGMENTED is False)
+    # no segmented pass in this variant (knob segments): never called (SEGMENTED is False)
     return S
 
 
@@ -737,7 +737,8 @@ CONSTEXPRS = {
 # launched with at most as many programs as the device holds at once, chunk_driver.persistent_launch)
 OPTIONS = {"overlap_state_passes": True, "states_every": 16,
            "persistent": [],
-           # the small-grid forward's segments per sequence at most (chunk_driver.segments); 0: no segmented pass
+           # the segments per sequence at most of the small-grid forward's and states-only pass
+           # (chunk_driver.segments); 0: no segmented pass
            "segments": 0,
            # the same for the small-grid reverse pass (knob chunk.bwd_dh_small.segments)
            "segments_bwd": 0,
