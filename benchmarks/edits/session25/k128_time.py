@@ -1,0 +1,97 @@
+"""On the GPU: the shipped K = 128 deriving token pass (Triton, a program per work item) against the session-25
+persistent Gluon prototype (k128_persist_unit.py) on the same random inputs: outputs compared (NaN-poisoned
+first), then do_bench medians in alternating rounds.
+
+    python k128_time.py [--unit NEW.py] [--shapes 8x2048x16,2x1000x4] [--rounds 3] [--tag NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from dplr_gen.compile import import_source  # noqa: E402
+from dplr_gen.runtime import blocks_per_sm  # noqa: E402
+from time_token_edits import OUTPUTS, inputs  # noqa: E402
+
+KERNEL = "chunk_dplr_bwd_kernel"
+SHIPPED = ROOT / "generated/hopper/chunk_bf16_k128_v128_c16_dense_gbm0p61_gbf16_sfp32/sm_90.py"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--unit", type=Path, default=Path(__file__).with_name("k128_persist_unit.py"))
+    ap.add_argument("--shapes", default="2x1000x4,1x48x1,8x2048x16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tag", default="s25")
+    args = ap.parse_args()
+    old, new = import_source(SHIPPED, "unit_old"), import_source(args.unit, "unit_new")
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    rows = []
+    for shape in args.shapes.split(","):
+        B, T, H = (int(x) for x in shape.split("x"))
+        c = new.CONSTEXPRS[KERNEL]
+        sig = new.SIGNATURES[KERNEL]
+        xs = inputs(sig, B, T, H, c["K"], c["BC"])
+        n_items = B * triton.cdiv(T, c["BC"]) * H * (c["K"] // c["BK"])
+        xs[list(sig).index("n_items")] = n_items
+        outs = {n: x for n, x in zip(sig, xs) if n in OUTPUTS["bwd"]}
+        fo, fn = old.chunk_dplr_bwd_kernel, new.chunk_dplr_bwd_kernel
+        lo, ln = old.LAUNCH[KERNEL], new.LAUNCH[KERNEL]
+        k = fn[(1,)](*xs, **c, **ln)
+        torch.cuda.synchronize()
+        k._init_handles()
+        resident = blocks_per_sm(k.n_regs, k.metadata.shared, ln["num_warps"],
+                                 regs_sm=props.regs_per_multiprocessor,
+                                 smem_sm=props.shared_memory_per_multiprocessor,
+                                 threads_sm=props.max_threads_per_multi_processor)
+        grid = min(n_items, resident * sms)
+        runs = {"old": lambda: fo[(n_items,)](*xs[:-1], **c, **lo),
+                "new": lambda: fn[(grid,)](*xs, **c, **ln),
+                "new_per_item": lambda: fn[(n_items,)](*xs, **c, **ln)}
+        ref = None
+        row = {"shape": shape, "n_items": n_items, "grid": grid, "resident_per_sm": resident, "n_regs": k.n_regs,
+               "n_spills": getattr(k, "n_spills", None), "shared": k.metadata.shared,
+               "ms": {"old": [], "new": []}, "vs_old": {}}
+        for name, run in runs.items():
+            for x in outs.values():
+                x.fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = {n: x.clone() for n, x in outs.items()}
+                continue
+            row["vs_old"][name] = {}
+            for n, x in outs.items():
+                d = x.double() - ref[n].double()
+                row["vs_old"][name][n] = {"nan": int(torch.isnan(x).sum()),
+                                          "rel_norm": float(d.norm() / ref[n].double().norm()),
+                                          "max_abs": float(d.abs().max())}
+        print(shape, "grid", grid, "resident", resident, "regs", k.n_regs, "spills", row["n_spills"], "shared",
+              k.metadata.shared, flush=True)
+        for name, d in row["vs_old"].items():
+            print("  ", name, {n: ("%.1e" % v["rel_norm"], v["nan"]) for n, v in d.items()}, flush=True)
+        for r in range(args.rounds):
+            for name in ("old", "new"):
+                ms = triton.testing.do_bench(runs[name], warmup=25, rep=200)
+                row["ms"][name].append(round(ms, 4))
+                print(f"{shape} round {r} {name}: {ms:.4f} ms", flush=True)
+        rows.append(row)
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"k128_persist_{args.tag}.json").write_text(json.dumps({
+        "unit": str(args.unit), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "triton": triton.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
