@@ -96,10 +96,11 @@ class Knobs(_Strict):
     # chunk (the default), or twice the variant's chunk size where the token pass walks the variant's chunks; the
     # pass then derives the states in between from the kept ones (half the h and dh bytes, a few more products).
     states_every: Literal[16, 32, 64] | None = None
-    # stage chunk.bwd only: the token pass is the Gluon kernel (explicit register layouts: its MMA operands loaded
-    # straight into registers, no shared-memory staging) where the Triton release has the Gluon API it is written
-    # against (variants.GLUON_TRITON; elsewhere the Triton form is built). It covers bf16, K = V = 64, 16-token
-    # chunks, bounded gates and 4 warps only (variants.check_gluon).
+    # stage chunk.bwd only: the token pass is the persistent Gluon kernel (explicit layouts; the next tiles copied
+    # into shared memory while the current ones are computed) where the Triton release has the Gluon API it is
+    # written against (variants.GLUON_TRITON; elsewhere the Triton form is built). It covers bf16, 16-token chunks,
+    # bounded gates, 4 warps, and K = V = 64 (a state kept for each chunk) or K = V = 128 dense with states_every
+    # 32 only (variants.check_gluon).
     gluon: bool | None = None
     # stage chunk.bwd_dh only: the reverse pass runs at the same time as the backward's recompute of the states
     # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave

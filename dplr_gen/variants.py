@@ -139,19 +139,24 @@ def factored(chunk: int, gate_bound: float | None) -> bool:
 
 
 def check_gluon(v: Variant, bwd: Knobs) -> None:
-    """Knob chunk.bwd.gluon: the Gluon token pass covers bf16, K = V = 64, the variant's 16-token chunks (states
-    kept for each), bounded gates whose factored exponents stay within the limit, 4 warps, whole K and V tiles;
-    SpecError naming the variant and what is off otherwise."""
+    """Knob chunk.bwd.gluon: the Gluon token pass covers bf16, the variant's 16-token chunks, bounded gates whose
+    factored exponents stay within the limit, 4 warps and 64-wide K blocks and V tiles, in two forms: K = V = 64
+    with a state kept for each chunk (dense or varlen), and K = V = 128, dense, with a state kept for every second
+    chunk (states_every 32: it derives the others); SpecError naming the variant and what is off otherwise."""
     if not bwd.gluon:
         return
     off = []
     if v.dtype != "bf16":
         off.append(f"dtype {v.dtype} (bf16 only)")
-    if (v.K, v.V) != (64, 64):
-        off.append(f"K, V = {v.K}, {v.V} (64, 64 only)")
-    if v.chunk_size != 16 or (bwd.chunk or 16) != 16 or (bwd.states_every or 16) != 16:
-        off.append(f"chunk size {v.chunk_size}, chunk.bwd.chunk {bwd.chunk}, states_every {bwd.states_every}"
-                   " (16-token chunks, a state kept for each)")
+    every = bwd.states_every or 16
+    if v.chunk_size != 16 or (bwd.chunk or 16) != 16:
+        off.append(f"chunk size {v.chunk_size}, chunk.bwd.chunk {bwd.chunk} (16-token chunks)")
+    elif (v.K, v.V) == (64, 64) and every != 16:
+        off.append(f"states_every {bwd.states_every} at K = 64 (a state kept for each chunk: 16)")
+    elif (v.K, v.V) == (128, 128) and (every != 32 or v.varlen):
+        off.append(f"states_every {bwd.states_every}, varlen {v.varlen} at K = 128 (dense, states_every 32)")
+    if (v.K, v.V) not in ((64, 64), (128, 128)):
+        off.append(f"K, V = {v.K}, {v.V} (64, 64 or 128, 128)")
     if not factored(16, v.gate_bound):
         off.append(f"gate bound {v.gate_bound} (bounded, at most {2 * FACTOR_LIMIT / 16} in magnitude)")
     if bwd.num_warps != 4 or (bwd.block_v or 64) != 64 or (bwd.block_k or 64) != 64:

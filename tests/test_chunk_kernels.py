@@ -646,20 +646,25 @@ def test_token_pass_k_blocks_never_alias(monkeypatch):
     assert torch.equal(dr, dr0) and torch.equal(u, u0)
 
 
-@pytest.mark.parametrize("varlen", [False, True])
-def test_persistent_token_pass_declares_its_item_count(varlen):
+@pytest.mark.parametrize("varlen, derive", [(False, False), (True, False), (False, True)])
+def test_persistent_token_pass_declares_its_item_count(varlen, derive):
     """Where the token pass is the persistent Gluon kernel (flag gluon_token_pass), its signature ends in n_items
     and OPTIONS lists it as persistent; the driver passes the count of work items, and its Triton form (the
-    interpreter's stand-in, a program per item) gives exactly the plain unit's gradients."""
-    v = make_variant("fp32", K=64, V=64, chunk_size=16, varlen=varlen, gate_bound=-0.61)
+    interpreter's stand-in, a program per item) gives exactly the plain unit's gradients: the K = 64 form (a state
+    per chunk) and the deriving form of K = 128 (here at K = 32 in K blocks of 16, states every 32 tokens)."""
+    K = 32 if derive else 64
+    v = make_variant("fp32", K=K, V=K, chunk_size=16, varlen=varlen, gate_bound=-0.61)
+    tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_k=16, block_v=16, states_every=32)} if derive \
+        else None
     gluon = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=True)
-    ks, ks_g = load(v), load(v, flags=gluon)
+    ks, ks_g = load(v, tune), load(v, tune, flags=gluon)
+    assert chunk_driver.derives_states(ks_g) == derive
     assert list(ks_g.m.SIGNATURES[chunk_driver.BWD])[-1] == "n_items" and "n_items" not in ks.m.SIGNATURES[chunk_driver.BWD]
     assert ks_g.option("persistent") == [chunk_driver.BWD] and ks.option("persistent") == []
     cu = torch.tensor([0, 5, 21, 41], dtype=torch.int32).to(DEVICE) if varlen else None
-    d = rwkv7_inputs(1, 41 if varlen else 37, 2, 64, 64, dtype=torch.float32)
+    d = rwkv7_inputs(1, 41 if varlen else 37, 2, K, K, dtype=torch.float32)
     x = {n: t.to(DEVICE) for n, t in d.items()}
-    h0 = torch.randn(3 if varlen else 1, 2, 64, 64, device=DEVICE)
+    h0 = torch.randn(3 if varlen else 1, 2, K, K, device=DEVICE)
     o, _, saved = chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 0.5, h0, cu,
                                               keep_states=True)
     do = torch.randn_like(o)
@@ -667,10 +672,11 @@ def test_persistent_token_pass_declares_its_item_count(varlen):
                                  for_bwd=True, chunk_map=saved["chunk_map"])
     h, u, _ = chunk_driver.chunk_states(ks, v, saved, pr)
     dh, dr, _, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, None)
+    steps = chunk_driver.state_step_operands(pr) if derive else ()
     chunk_driver.POISON = True
     try:
-        plain = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr)
-        persistent = chunk_driver.chunk_dplr_bwd_tokens(ks_g, v, saved, h, u, do, dh, dr)
+        plain = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, steps=steps)
+        persistent = chunk_driver.chunk_dplr_bwd_tokens(ks_g, v, saved, h, u, do, dh, dr, steps=steps)
     finally:
         chunk_driver.POISON = False
     for n, a, b in zip(("q", "k", "a", "b", "gk"), plain, persistent):

@@ -343,7 +343,7 @@ def test_gluon_token_pass_where_the_knob_and_the_triton_release_allow(tmp_path: 
 
 @pytest.mark.parametrize("when, what", [
     ("K: [64], dtype: [bf16, fp32], chunk_size: [16], gate_bound: [-0.6065]", r"dtype fp32 \(bf16 only\)"),
-    ("dtype: [bf16], chunk_size: [16], gate_bound: [-0.6065]", r"K, V = 60, 100 \(64, 64 only\)"),
+    ("dtype: [bf16], chunk_size: [16], gate_bound: [-0.6065]", r"K, V = 60, 100 \(64, 64 or 128, 128\)"),
     ("K: [64], dtype: [bf16], chunk_size: [64], gate_bound: [-0.6065]", r"chunk size 64"),
     ("K: [64], dtype: [bf16], chunk_size: [16]", r"gate bound None \(bounded, at most 3.75"),
 ])
@@ -354,6 +354,60 @@ def test_gluon_knob_outside_its_variants_is_refused(tmp_path: Path, when: str, w
     with pytest.raises(SpecError, match=r"variant chunk_.*tuning chunk.bwd.gluon: .*" + what):
         build_units(spec, Version("3.6.0"))
     build_units(spec, Version("3.2.0"))  # there the knob is a no-op: nothing to refuse
+
+
+K128 = """
+name: t
+targets: [sm_90]
+variants:
+  - ops: [chunk]
+    dtypes: [bf16]
+    head_dims: [128]
+    chunk_sizes: [16]
+    varlen: [false, true]
+    gate_bounds: [-0.61]
+variant_tuning:
+  - when: {op: [chunk]}
+    tuning:
+      chunk.bwd: {num_warps: 4, block_v: 64, block_k: 64%s}
+  - when: {%s}
+    tuning:
+      chunk.bwd: {gluon: true}
+"""
+
+
+def test_gluon_token_pass_k128_dense_deriving(tmp_path: Path) -> None:
+    """The K = 128 Gluon form: a dense variant keeping every second state gets it (the derive form rendered, its
+    Triton form kept for the interpreter, n_items last in both signatures); the rendered source executes."""
+    from dplr_gen.compile import import_source
+    from dplr_gen.render import render_unit
+    from dplr_gen.triton_compat import is_gluon
+
+    units, _ = build_units(load_spec(write(tmp_path, K128 % (", states_every: 32", "varlen: [false]"))),
+                           Version("3.6.0"))
+    (u,) = [u for u in units if u.flags["gluon_token_pass"]]
+    assert not u.variant.varlen and u.tune["bwd"].states_every == 32
+    assert all(not w.flags["gluon_token_pass"] for w in units if w.variant.varlen)
+    src = render_unit(u)
+    assert "def _g_kept_step(ST, eg, b_xt, b_yt, b_x, b_y, c):" in src and "def _issue_item(" in src
+    path = tmp_path / "k128_gluon.py"
+    path.write_text(src)
+    ns = vars(import_source(path, "gluon_k128_case"))
+    assert is_gluon(ns["chunk_dplr_bwd_kernel"]) and not is_gluon(ns["chunk_dplr_bwd_triton_kernel"])
+    assert list(ns["SIGNATURES"]["chunk_dplr_bwd_kernel"])[-1] == "n_items"
+    assert ns["OPTIONS"]["persistent"] == ["chunk_dplr_bwd_kernel"] and ns["OPTIONS"]["states_every"] == 32
+
+
+@pytest.mark.parametrize("every, when, what", [
+    (", states_every: 32", "varlen: [true]", r"states_every 32, varlen True at K = 128 \(dense, states_every 32\)"),
+    ("", "varlen: [false]", r"states_every None, varlen False at K = 128"),
+])
+def test_gluon_knob_k128_outside_its_form_is_refused(tmp_path: Path, every: str, when: str, what: str) -> None:
+    """At K = 128 the Gluon token pass is the dense deriving form only: a varlen variant or one keeping a state
+    per chunk is refused, naming the variant and the knob."""
+    spec = load_spec(write(tmp_path, K128 % (every, when)))
+    with pytest.raises(SpecError, match=r"variant chunk_bf16_k128.*tuning chunk.bwd.gluon: .*" + what):
+        build_units(spec, Version("3.6.0"))
 
 
 def test_gluon_knob_only_on_the_token_pass(tmp_path: Path) -> None:

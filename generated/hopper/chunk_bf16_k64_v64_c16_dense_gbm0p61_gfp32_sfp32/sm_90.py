@@ -881,6 +881,71 @@ def _intra(dA1, Y1, dA2, Y2):
 
 
 @gluon.jit
+def _finish(dAqk, dAqb, dAak, dAab, dQw, dAw, dKw, dBw, dgS, s_q, s_k, s_a, s_b, s_g, dq, dk, da, db, dg,
+            t0, lenc, i_h, k0, scale, H, K: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr):
+    """A work item's gradients from its products over V (dA matrices, the state terms dQ~ ... dB~, sum_v dS S0)
+    and its input tiles in shared memory (s_q ... s_g: this item's stage): dq, dk, da, db and dg of its rows
+    t0 .. t0 + lenc and K columns k0 .. k0 + BK."""
+    # ---- the gates and the gate-scaled tiles, as the Triton form's _token_gates ----
+    # (the source reads the inputs from shared memory where it uses them, this stage's tiles staying there until
+    # the next copies into it; the compiler may merge the reads, which it then keeps live itself)
+    g = gl.maximum(_in_mn(s_g), GATE_BOUND)  # the declared bound: every factored exponent finite
+    gam = _g_cumsum(g, False)
+    gamp = gam - g
+    gCv = gl.sum(g, 0)
+    ed = gl.exp(gl.expand_dims(gCv, 0) - gam)
+    Qw = (_in_mn(s_q) * gl.exp(gam)).to(gl.bfloat16).to(gl.float32)
+    Aw = (_in_mn(s_a) * gl.exp(gamp)).to(gl.bfloat16).to(gl.float32)
+    Bw = (_in_mn(s_b) * ed).to(gl.bfloat16).to(gl.float32)
+    Kw = (_in_mn(s_k) * ed).to(gl.bfloat16).to(gl.float32)
+    # gradient of gamma_C (see the Triton form), and the state path's terms of dg: the rounded tiles die here
+    dgC = gl.exp(gCv) * dgS + gl.sum(Bw * dBw + Kw * dKw, 0)
+    dQw = dQw * scale
+    xa = Aw * dAw
+    x = Qw * dQw - Kw * dKw - Bw * dBw + xa
+
+    # ---- the intra-chunk gradients, factored form centred at row C/2 - 1 (_intra_bwd_factored) ----
+    # (index tiles formed where they are used: none stays live through the loop)
+    cn = gl.arange(0, BC, layout=gl.SliceLayout(1, MN))
+    rr = gl.arange(0, BC, layout=gl.SliceLayout(1, MR))
+    cc = gl.arange(0, BC, layout=gl.SliceLayout(0, MR))
+    low = rr[:, None] >= cc[None, :]
+    slow = rr[:, None] > cc[None, :]
+    dAqk = gl.where(low, dAqk * scale, 0.)
+    dAqb = gl.where(low, dAqb * scale, 0.)
+    dAak = gl.where(slow, dAak, 0.)
+    dAab = gl.where(slow, dAab, 0.)
+    gr = gl.expand_dims(gl.sum(gl.where(cn[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
+    fq = gl.exp(gam - gr)
+    fk = gl.exp(gr - gam)
+    fa = gl.exp(gamp - gr)
+    Kf_b = gl.convert_layout(_in_mn(s_k) * fk, BN1)
+    Bf_b = gl.convert_layout(_in_mn(s_b) * fk, BN1)
+    Qf_b = gl.convert_layout(_in_mn(s_q) * fq, BN1)
+    Af_b = gl.convert_layout(_in_mn(s_a) * fa, BN1)
+    dQf = _intra(dAqk, Kf_b, dAqb, Bf_b)
+    dAf = _intra(dAak, Kf_b, dAab, Bf_b)
+    # dK~ = dA_qk^T Q~ + dA_ak^T A~, dB~ = dA_qb^T Q~ + dA_ab^T A~: the transposes stay within each warp
+    dKf = _intra(gl.permute(dAqk, (1, 0)), Qf_b, gl.permute(dAak, (1, 0)), Af_b)
+    dBf = _intra(gl.permute(dAqb, (1, 0)), Qf_b, gl.permute(dAab, (1, 0)), Af_b)
+    xa_i = _in_mn(s_a) * fa * dAf
+    x_i = _in_mn(s_q) * fq * dQf - _in_mn(s_k) * fk * dKf - _in_mn(s_b) * fk * dBf + xa_i
+
+    # ---- combine and store ----
+    cq = gl.arange(0, BC, layout=gl.SliceLayout(1, LQ))
+    kq = gl.arange(0, BK, layout=gl.SliceLayout(0, LQ))
+    p_x = ((t0 + cq[:, None]) * H + i_h) * K + k0 + kq[None, :]
+    m_x = (cq[:, None] < lenc) & (kq[None, :] < BK)
+    _store_q(dq, p_x, m_x, dQw * gl.exp(gam) + dQf * fq)
+    _store_q(dk, p_x, m_x, dKw * ed + dKf * fk)
+    _store_q(da, p_x, m_x, dAw * gl.exp(gamp) + dAf * fa)
+    _store_q(db, p_x, m_x, dBw * ed + dBf * fk)
+    # the kernel computes with max(gk, bound): no gradient below the bound
+    b_dg = gl.where(_in_mn(s_g) >= GATE_BOUND, _g_cumsum(x + x_i, True) - (xa + xa_i) + gl.expand_dims(dgC, 0), 0.)
+    _store_q(dg, p_x, m_x, b_dg)
+
+
+@gluon.jit
 def _locate(item, n_items, T, H, BC: gl.constexpr):
     """(first token, valid rows) of work item ``item`` (chunk slot * H + head); none past n_items."""
     slot = (item // H).to(gl.int64)
@@ -977,65 +1042,9 @@ def chunk_dplr_bwd_kernel(
         dKw = mma_v2(s_v.index(stage).load(AN), dST, zn)
         dBw = mma_v2(s_u.index(stage).load(AN), dST, zn)
 
-        # ---- the gates and the gate-scaled tiles, as the Triton form's _token_gates ----
-        # (the source reads the inputs from shared memory where it uses them, this stage's tiles staying there until
-        # the next iteration's barrier; the compiler may merge the reads, which it then keeps live itself)
-        g = gl.maximum(_in_mn(s_g.index(stage)), GATE_BOUND)  # the declared bound: every factored exponent finite
-        gam = _g_cumsum(g, False)
-        gamp = gam - g
-        gCv = gl.sum(g, 0)
-        ed = gl.exp(gl.expand_dims(gCv, 0) - gam)
-        Qw = (_in_mn(s_q.index(stage)) * gl.exp(gam)).to(gl.bfloat16).to(gl.float32)
-        Aw = (_in_mn(s_a.index(stage)) * gl.exp(gamp)).to(gl.bfloat16).to(gl.float32)
-        Bw = (_in_mn(s_b.index(stage)) * ed).to(gl.bfloat16).to(gl.float32)
-        Kw = (_in_mn(s_k.index(stage)) * ed).to(gl.bfloat16).to(gl.float32)
-        # gradient of gamma_C (see the Triton form), and the state path's terms of dg: the rounded tiles die here
-        dgC = gl.exp(gCv) * dgS + gl.sum(Bw * dBw + Kw * dKw, 0)
-        dQw = dQw * scale
-        xa = Aw * dAw
-        x = Qw * dQw - Kw * dKw - Bw * dBw + xa
-
-        # ---- the intra-chunk gradients, factored form centred at row C/2 - 1 (_intra_bwd_factored) ----
-        # (index tiles formed where they are used: none stays live through the loop)
-        cn = gl.arange(0, BC, layout=gl.SliceLayout(1, MN))
-        rr = gl.arange(0, BC, layout=gl.SliceLayout(1, MR))
-        cc = gl.arange(0, BC, layout=gl.SliceLayout(0, MR))
-        low = rr[:, None] >= cc[None, :]
-        slow = rr[:, None] > cc[None, :]
-        dAqk = gl.where(low, dAqk * scale, 0.)
-        dAqb = gl.where(low, dAqb * scale, 0.)
-        dAak = gl.where(slow, dAak, 0.)
-        dAab = gl.where(slow, dAab, 0.)
-        gr = gl.expand_dims(gl.sum(gl.where(cn[:, None] == BC // 2 - 1, gam, 0.), 0), 0)
-        fq = gl.exp(gam - gr)
-        fk = gl.exp(gr - gam)
-        fa = gl.exp(gamp - gr)
-        Kf_b = gl.convert_layout(_in_mn(s_k.index(stage)) * fk, BN1)
-        Bf_b = gl.convert_layout(_in_mn(s_b.index(stage)) * fk, BN1)
-        Qf_b = gl.convert_layout(_in_mn(s_q.index(stage)) * fq, BN1)
-        Af_b = gl.convert_layout(_in_mn(s_a.index(stage)) * fa, BN1)
-        dQf = _intra(dAqk, Kf_b, dAqb, Bf_b)
-        dAf = _intra(dAak, Kf_b, dAab, Bf_b)
-        # dK~ = dA_qk^T Q~ + dA_ak^T A~, dB~ = dA_qb^T Q~ + dA_ab^T A~: the transposes stay within each warp
-        dKf = _intra(gl.permute(dAqk, (1, 0)), Qf_b, gl.permute(dAak, (1, 0)), Af_b)
-        dBf = _intra(gl.permute(dAqb, (1, 0)), Qf_b, gl.permute(dAab, (1, 0)), Af_b)
-        xa_i = _in_mn(s_a.index(stage)) * fa * dAf
-        x_i = _in_mn(s_q.index(stage)) * fq * dQf - _in_mn(s_k.index(stage)) * fk * dKf \
-            - _in_mn(s_b.index(stage)) * fk * dBf + xa_i
-
-        # ---- combine and store ----
-        cq = gl.arange(0, BC, layout=gl.SliceLayout(1, LQ))
-        kq = gl.arange(0, BK, layout=gl.SliceLayout(0, LQ))
-        p_x = ((t0 + cq[:, None]) * H + i_h) * K + kq[None, :]
-        m_x = (cq[:, None] < lenc) & (kq[None, :] < K)
-        _store_q(dq, p_x, m_x, dQw * gl.exp(gam) + dQf * fq)
-        _store_q(dk, p_x, m_x, dKw * ed + dKf * fk)
-        _store_q(da, p_x, m_x, dAw * gl.exp(gamp) + dAf * fa)
-        _store_q(db, p_x, m_x, dBw * ed + dBf * fk)
-        # the kernel computes with max(gk, bound): no gradient below the bound
-        b_dg = gl.where(_in_mn(s_g.index(stage)) >= GATE_BOUND,
-                        _g_cumsum(x + x_i, True) - (xa + xa_i) + gl.expand_dims(dgC, 0), 0.)
-        _store_q(dg, p_x, m_x, b_dg)
+        _finish(dAqk, dAqb, dAak, dAab, dQw, dAw, dKw, dBw, dgS, s_q.index(stage), s_k.index(stage),
+                s_a.index(stage), s_b.index(stage), s_g.index(stage), dq, dk, da, db, dg, t0, lenc, i_h, 0, scale,
+                H, K, BC, BK)
         t0, lenc = nx_t0, nx_len
         nx_t0, nx_len = nn_t0, nn_len
     cp.wait_group(0)  # no copy outlives the program (the last ones are masked off, past n_items)
