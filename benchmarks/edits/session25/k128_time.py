@@ -45,7 +45,11 @@ def main() -> None:
         n_items = B * triton.cdiv(T, c["BC"]) * H * (c["K"] // c["BK"])
         xs[list(sig).index("n_items")] = n_items
         outs = {n: x for n, x in zip(sig, xs) if n in OUTPUTS["bwd"]}
-        fo, fn = old.chunk_dplr_bwd_kernel, new.chunk_dplr_bwd_kernel
+        # the shipped unit's Triton form (since session 25 the unit's chunk_dplr_bwd_kernel is the Gluon kernel,
+        # its Triton form kept as TRITON_FORMS, taking n_items too)
+        forms = getattr(old, "TRITON_FORMS", {})
+        fo, fn = forms.get(KERNEL, old.chunk_dplr_bwd_kernel), new.chunk_dplr_bwd_kernel
+        old_args = xs if KERNEL in forms else xs[:-1]
         lo, ln = old.LAUNCH[KERNEL], new.LAUNCH[KERNEL]
         k = fn[(1,)](*xs, **c, **ln)
         torch.cuda.synchronize()
@@ -55,7 +59,7 @@ def main() -> None:
                                  smem_sm=props.shared_memory_per_multiprocessor,
                                  threads_sm=props.max_threads_per_multi_processor)
         grid = min(n_items, resident * sms)
-        runs = {"old": lambda: fo[(n_items,)](*xs[:-1], **c, **lo),
+        runs = {"old": lambda: fo[(n_items,)](*old_args, **c, **lo),
                 "new": lambda: fn[(grid,)](*xs, **c, **ln),
                 "new_per_item": lambda: fn[(n_items,)](*xs, **c, **ln)}
         ref = None
