@@ -225,3 +225,38 @@ def test_build_keeps_launch_stubs_for_every_built_kernel(small_spec: Path, tmp_p
     (out / "small" / "manifest.json").unlink()
     with pytest.raises(runtime.NotBuiltError, match="dplr-gen build"):
         runtime.package_at(out / "small").build_launch_stubs()
+
+
+GLUON_SHARED = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from dplr_gen.compile import import_source
+from dplr_gen.triton_compat import is_gluon, make_source
+m = import_source(sys.argv[1], "gluon_unit")
+name = "chunk_dplr_bwd_kernel"
+fn = getattr(m, name)
+assert is_gluon(fn) and name in m.OPTIONS["persistent"], "not the persistent Gluon token pass"
+c = triton.compile(make_source(fn, m.SIGNATURES[name], m.CONSTEXPRS[name]), target=GPUTarget("cuda", 90, 32),
+                   options=m.LAUNCH[name])
+print(m.LAUNCH[name]["num_warps"], c.metadata.shared)
+"""
+
+
+@pytest.mark.parametrize("unit", ["chunk_bf16_k64_v64_c16_dense_gbm0p61_gbf16_sfp32",
+                                  "chunk_bf16_k128_v128_c16_dense_gbm0p61_gbf16_sfp32"])
+def test_persistent_gluon_token_passes_keep_two_programs_an_sm(unit: str) -> None:
+    """The persistent Gluon token passes of specs/hopper.yaml rest on two programs an SM, one computing while the
+    other's copies are in flight (docs/perf_notes.md 49, 52): compiled for sm_90 (no GPU needed; in a process of
+    its own, outside the tests' interpreter mode), each leaves room for two by its shared memory at its 4 warps
+    (at most 255 registers a thread: two blocks by registers)."""
+    from dplr_gen.runtime import blocks_per_sm
+
+    path = Path(__file__).resolve().parents[1] / "generated/hopper" / unit / "sm_90.py"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-c", GLUON_SHARED, str(path)], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    warps, shared = (int(x) for x in r.stdout.split()[-2:])
+    smem_sm = 233472  # sm_90: 228 KB a multiprocessor (each block also reserves 1 KB)
+    assert warps == 4 and blocks_per_sm(255, shared + 1024, warps, smem_sm=smem_sm) == 2, shared
