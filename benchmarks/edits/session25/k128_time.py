@@ -2,7 +2,11 @@
 persistent Gluon prototype (k128_persist_unit.py) on the same random inputs: outputs compared (NaN-poisoned
 first), then do_bench medians in alternating rounds.
 
-    python k128_time.py [--unit NEW.py] [--shapes 8x2048x16,2x1000x4] [--rounds 3] [--tag NAME]
+    python k128_time.py [--unit NEW.py | --form NAME] [--shapes 8x2048x16,2x1000x4] [--rounds 3] [--tag NAME]
+
+--form: the prototype under the text edits of forms.json (each form's edits applied after those of the form it
+names in "after"): cc_first (the four [C, C] products before the step: the shipped order), item_early,
+item_early2, item_early3 (perf_notes 52).
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -24,15 +29,37 @@ from time_token_edits import OUTPUTS, inputs  # noqa: E402
 
 KERNEL = "chunk_dplr_bwd_kernel"
 SHIPPED = ROOT / "generated/hopper/chunk_bf16_k128_v128_c16_dense_gbm0p61_gbf16_sfp32/sm_90.py"
+HERE = Path(__file__).resolve().parent
+
+
+def form_source(name: str) -> str:
+    """The prototype's source under form ``name`` of forms.json (its "after" chain first; every text must occur
+    exactly once, so that an edit never silently matches nothing)."""
+    forms = json.loads((HERE / "forms.json").read_text())
+    chain = []
+    while name:
+        chain.append(name)
+        name = forms[name]["after"]
+    text = (HERE / "k128_persist_unit.py").read_text()
+    for form in reversed(chain):
+        for old, new in forms[form]["replace"]:
+            if text.count(old) != 1:
+                raise SystemExit(f"form {form}: text found {text.count(old)} times: {old[:80]!r}")
+            text = text.replace(old, new)
+    return text
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--unit", type=Path, default=Path(__file__).with_name("k128_persist_unit.py"))
+    ap.add_argument("--unit", type=Path, default=HERE / "k128_persist_unit.py")
+    ap.add_argument("--form", help="a form of forms.json instead of --unit")
     ap.add_argument("--shapes", default="2x1000x4,1x48x1,8x2048x16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tag", default="s25")
     args = ap.parse_args()
+    if args.form:  # Gluon reads a kernel's source from its file: the form is written to one
+        args.unit = Path(tempfile.mkdtemp()) / f"k128_persist_unit_{args.form}.py"
+        args.unit.write_text(form_source(args.form))
     old, new = import_source(SHIPPED, "unit_old"), import_source(args.unit, "unit_new")
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
@@ -93,7 +120,7 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"k128_persist_{args.tag}.json").write_text(json.dumps({
-        "unit": str(args.unit), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "unit": str(args.unit), "form": args.form, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "triton": triton.__version__, "rows": rows}, indent=1))
 
 
