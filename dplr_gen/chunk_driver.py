@@ -51,7 +51,7 @@ SEGMENTS: int | None = None
 # the state passes over segments (knob segments): the fewest chunks a segment walks, and the warps and programs per
 # SM its pass may hold. Its cost is about three walks of a segment (the maps' V and K columns, then the pass), so it
 # needs at least three segments to gain, and a grid the device runs at once. H100, bf16, forward+backward
-# (docs/perf_notes.md 51): (1,32768,32,64), 1-warp passes, 64 programs a one-walk pass: 7.52 ms one walk, 5.52 at
+# (docs/design.md, segments): (1,32768,32,64), 1-warp passes, 64 programs a one-walk pass: 7.52 ms one walk, 5.52 at
 # 4 segments, 5.16 at 8, 5.34 at 16; (2,2048,8,128), 4-warp passes, 64 programs: the kernels of a forward+backward
 # 592 us at 4 segments, 721 at 8 (673 one walk).
 SEGMENT_MIN_CHUNKS = 16
@@ -147,7 +147,7 @@ def slot_map(cu_seqlens: torch.Tensor, C: int, n_slots: int, offsets: list[int] 
     model that passes the same cu_seqlens reuse the map instead of building it again. Where the caller has read
     the sequence starts on the host (``offsets``, as eager calls do to check them), it is built there and copied
     to the device once: the device build is ~20 small kernels (H100: 56-59 us of GPU time at 16 sequences,
-    docs/perf_notes.md 50). While torch.compile traces or a CUDA graph is captured it is built on the device from
+    docs/design.md, varlen). While torch.compile traces or a CUDA graph is captured it is built on the device from
     the tensor each call, nothing cached (a replay must read the tensor's values then)."""
     if torch.compiler.is_compiling() or (cu_seqlens.is_cuda and _capturing()):
         return chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
@@ -299,10 +299,10 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     backward's passes. ``pass_ops=False`` (backward only, where the forward kept the states): W, M and, unless
     the token pass derives states with it, (B e^..)^T are neither written nor allocated (None in ``Prep``):
     only the states pass reads them. H100, bf16, that prep alone: 1.31 -> 1.18 ms at (8, 4096, 64, 64), 0.343 ->
-    0.312 at (4, 4096, 32, 64), 0.338 -> 0.331 at (8, 2048, 16, 128) (docs/perf_notes.md 41).
+    0.312 at (4, 4096, 32, 64), 0.338 -> 0.331 at (8, 2048, 16, 128) (docs/design.md, keeping the states).
     ``fwd_ops=True`` (backward's prep with every output, run by a forward that keeps the states for the
     backward): it also writes the forward pass's A_qk, A_qb and Q e^gamma, and ``fwd`` of the result is the
-    forward's view of it; one prep then serves both directions (docs/perf_notes.md 42)."""
+    forward's view of it; one prep then serves both directions (docs/design.md, keeping the states)."""
     _, T, H, K = q.shape
     C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
@@ -412,7 +412,7 @@ def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None,
     current one's work so far; the caller then holds the returned tensors until the current stream has waited
     for ``side`` (their memory, allocated on the current stream, must not be reused before the pass is done).
     That costs no host work, where marking each tensor with ``record_stream`` (the allocator then records and
-    polls an event per block) cost 0.07-0.13 ms of host time per backward on the H100 (docs/perf_notes.md 25)."""
+    polls an event per block) cost 0.07-0.13 ms of host time per backward on the H100 (docs/design.md)."""
     k, v_, h0, cu_seqlens = (saved[n] for n in ("k", "v", "h0", "cu_seqlens"))
     _, T, H, K = k.shape
     V = v_.shape[-1]
@@ -511,7 +511,7 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
 # The varlen token pass as one launch of the dense twin's kernel per sequence (per_sequence_launches): at most
 # this many sequences, each with at least this many waves of work items on the device (a launch costs ~13 us of
 # host time and leaves part of the device idle at its end; H100, the bench's 16 sequences: 2336-6368 items, 264
-# resident programs, docs/perf_notes.md 50).
+# resident programs, docs/design.md, varlen).
 PER_SEQUENCE_MAX_SEQS = 64
 PER_SEQUENCE_MIN_WAVES = 4
 
@@ -520,7 +520,7 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
     """(first token, end token, first state slot) per sequence where the varlen token pass runs as a launch of
     the dense twin variant's kernel per sequence, on views of that sequence's rows, states and outputs; else
     None. Why: the persistent varlen kernel locates each work item through the slot map, and any location the
-    compiler cannot derive from the program id and the arguments costs it 20-25% (docs/perf_notes.md 49); a
+    compiler cannot derive from the program id and the arguments costs it 20-25% (docs/design.md, varlen); a
     sequence's own launch has its location in its arguments. Taken where ``saved`` holds the twin's kernel set
     (``twin``, set by the ops where the package has it prebuilt) and the sequence starts as read on the host
     (``offsets``), the twin's token pass walks the same chunks and kept states and derives none, no CUDA graph
@@ -553,7 +553,7 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
     ``inputs`` (q, k, v, a, b, gk) and ``rows`` (U, dR, dO, then the outputs dq, dk, da, db, dg), its kept
     states. On CUDA, consecutive sequences alternate between the current stream and a side one, so that a
     launch's programs start while the last ones of the launch before finish (H100, the bench's 16 sequences:
-    1.26 ms with the varlen kernel, 1.19 one stream, 1.08-1.11 two; docs/perf_notes.md 50); the current stream
+    1.26 ms with the varlen kernel, 1.19 one stream, 1.08-1.11 two; docs/design.md, varlen); the current stream
     waits for the side one before this returns, and every tensor here was allocated before the fork, so none
     of their memory is handed out again before both streams are done with it."""
     dev = h.device
@@ -608,7 +608,7 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
     """Whether the states pass runs beside the reverse pass: where the variant's knob (bwd_dh.overlap) says so
     and both grids fit on the device at once (CUDA tensors only). Where they would not, each pass already
     fills the device and running them together only makes them contend (H100, bf16, fwd+bwd off -> on: 3.34 ->
-    3.10 ms at (4,4096,32,64), 256 programs a pass; 10.99 -> 11.57 at (8,4096,64,64), 1024; perf_notes 20).
+    3.10 ms at (4,4096,32,64), 256 programs a pass; 10.99 -> 11.57 at (8,4096,64,64), 1024; docs/design.md).
     Never while a CUDA graph is being captured (torch.cuda.graphs, torch.compile's reduce-overhead): a captured
     backward keeps one stream, the form gpu_check's 'graph' job checks (a side stream inside a capture and its
     memory's lifetime across replays are not checked)."""
@@ -630,9 +630,9 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
 
 # Below this many token-heads (B * T * H) a training step is bound by host work, not the GPU, and the side stream's
 # host cost (a fork and a join, ~0.2 ms a backward) outweighs what the overlap saves on the GPU (H100, bf16,
-# scripts/host_profile.py: off / on 1.17 / 1.32 ms at (1,4096,2,128), 8192 token-heads; 1.11 / 1.28 at
+# host-profiled: off / on 1.17 / 1.32 ms at (1,4096,2,128), 8192 token-heads; 1.11 / 1.28 at
 # (2,2048,8,128), 32768; 2.98 / 2.72 at (4,4096,32,64), 524288; 2.15 / 1.85 at (2,4096,32,64), 262144 in
-# benchmarks/overlap_ab.py; docs/perf_notes.md 20 and 25).
+# forced-setting timings; docs/design.md, states pass beside the reverse pass).
 OVERLAP_MIN_TOKEN_HEADS = 131072
 
 

@@ -1,4 +1,4 @@
-# Sourced (not run) by the GPU-machine scripts (run_gpu.sh, gpu_token_chunk.sh), from the repository root:
+# Sourced (not run) by scripts/run_gpu.sh on the GPU machine, from the repository root:
 #   * the wheels carried in .whl/ (pydantic, fla-core, ...) installed into /tmp/site, put on PYTHONPATH;
 #   * fla-core's autotuning choices from an earlier run on this machine type restored into Triton's on-disk
 #     autotune cache (on by default in fla; keyed by the Triton build, the GPU and the kernel's source, so a
@@ -18,8 +18,7 @@ if [ -f "$FLA_AUTOTUNE" ]; then
   mkdir -p "$TRITON_CACHE" && tar xzf "$FLA_AUTOTUNE" -C "$TRITON_CACHE" \
     && export DPLR_BENCH_FLA_AUTOTUNE="$(realpath "$FLA_AUTOTUNE")" \
     && echo "restored fla's autotune choices from $FLA_AUTOTUNE"
-  # (absolute: an A/B script runs bench.py from another source tree's folder too; session 20's base runs
-  # could not open the relative path there)
+  # (absolute: bench.py may run from another source tree's folder, where a relative path would not open)
 fi
 
 save_fla_autotune() {

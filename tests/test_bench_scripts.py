@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import re
 import sys
 import textwrap
 import time
@@ -419,61 +418,8 @@ def test_shipped_fla_autotune_archive_holds_only_autotune_results() -> None:
             assert "configs_timings" in json.loads(tar.extractfile(m).read())
 
 
-def test_token_edit_sets_apply_to_the_shipped_token_passes() -> None:
-    """scripts/time_token_edits.py: the committed edit sets of the current form (benchmarks/edits/) still find
-    their text in the shipped K = 64 / K = 128 hopper units, and an edit whose text is absent is an error, not
-    a silent timing of the unedited kernel."""
-    import importlib.util
-    import json
-
-    repo = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("time_token_edits", repo / "scripts" / "time_token_edits.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    units = {k: (repo / "generated" / "hopper" / f"chunk_bf16_{k}_{k.replace('k', 'v')}_c16_dense_gbm0p61_gbf16_sfp32"
-                 / "sm_90.py").read_text() for k in ("k64", "k128")}
-    # the K = 64 unit's token pass is the Gluon kernel since session 21; its Triton form stays, under another name,
-    # and is what the script times for these edits
-    assert "TRITON_FORMS = {\"chunk_dplr_bwd_kernel\": chunk_dplr_bwd_triton_kernel}" in units["k64"]
-    assert "def chunk_dplr_bwd_triton_kernel(" in units["k64"] and "@gluon.jit\ndef chunk_dplr_bwd_kernel(" in units["k64"]
-    for file, unit in (("token_dot_scans.json", "k64"), ("token_edits_k64_c.json", "k64")):
-        for name, edit in json.loads((repo / "benchmarks" / "edits" / file).read_text()).items():
-            out = mod.apply_edit(units[unit], name, edit)
-            assert (out != units[unit]) == bool(edit.get("replace")), (file, name)
-    with pytest.raises(SystemExit, match="edit x: text not found"):
-        mod.apply_edit(units["k64"], "x", {"replace": [["no such line", ""]]})
-
-
-def test_time_token_edits_sizes_the_preps_outputs_per_chunk_slot() -> None:
-    """scripts/time_token_edits.py --kernel prep|prep_bwd: every output of the shipped preps is allocated as one
-    [C, K] tile per chunk slot, so a sequence whose last chunk is short (T = 37) has room for the whole tile the
-    kernel writes there (a [B, T, H, K] buffer would be too small)."""
-    import importlib.util
-
-    repo = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("time_token_edits", repo / "scripts" / "time_token_edits.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    unit = mod.import_source(repo / "generated" / "hopper" / "chunk_bf16_k64_v64_c16_dense_gbm0p61_gbf16_sfp32"
-                             / "sm_90.py", "unit_prep_sizes")
-    B, T, H, K, C = 2, 37, 3, 64, 16
-    inputs = {"q", "k", "v", "a", "b", "gk", "T", "H", "store_pass_ops", "store_fwd_ops"}
-    for key in ("prep", "prep_bwd"):
-        sig = unit.SIGNATURES[mod.KERNELS[key]]
-        assert set(sig) - inputs == set(sig) & mod.PREP_OUTPUTS, key  # every output named, no input taken for one
-        args = dict(zip(sig, mod.inputs(sig, B, T, H, K, C, dev="cpu")))
-        for name in set(sig) & mod.PREP_OUTPUTS:
-            assert args[name].shape == (B * 3, H, C, K), (key, name)
-        assert args["q"].shape == (B, T, H, K) and args["T"] == T
-    # the backward prep as a recompute runs it: every output of its own written, not the forward's
-    assert args["store_pass_ops"] == 1 and args["store_fwd_ops"] == 0
-    # --switch: as a forward that keeps the states runs it
-    shared = dict(zip(sig, mod.inputs(sig, B, T, H, K, C, dev="cpu", switches={"store_fwd_ops": 1})))
-    assert shared["store_pass_ops"] == 1 and shared["store_fwd_ops"] == 1
-
-
 def test_step_closures_time_the_op_and_every_input_gradient() -> None:
-    """benchmarks.common.step_closures (bench.py's speed rows, overlap_ab.py, host_profile.py): the forward is the
+    """benchmarks.common.step_closures (bench.py's speed rows): the forward is the
     op on the leaves; the forward+backward returns the gradients of <o, do> + <ht, dht> w.r.t. every input leaf
     present, in INPUTS order, and accumulates nothing into .grad."""
     import torch
@@ -509,50 +455,3 @@ def test_source_digest_names_the_tree_not_git(tmp_path, monkeypatch) -> None:
     assert C.source_digest() == first  # docs do not change what ran
     (tmp_path / "templates/t.jinja").write_text("changed")
     assert C.source_digest() != first
-
-
-def test_ab_outputs_compare_names_every_difference(tmp_path: Path) -> None:
-    """scripts/ab_outputs.py --compare: identical files pass (0), a changed bit or a missing tensor fails (1) and
-    is named."""
-    spec = importlib.util.spec_from_file_location("ab_outputs", REPO / "scripts" / "ab_outputs.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    a = {"s/dplr-fast/0/o": torch.randn(3, 4), "s/dplr-fast/0/dk": torch.randn(5)}
-    torch.save(a, tmp_path / "a.pt")
-    torch.save({k: v.clone() for k, v in a.items()}, tmp_path / "same.pt")
-    b = {k: v.clone() for k, v in a.items()}
-    b["s/dplr-fast/0/o"].view(-1)[7] = torch.nextafter(b["s/dplr-fast/0/o"].view(-1)[7], torch.tensor(math.inf))
-    del b["s/dplr-fast/0/dk"]
-    torch.save(b, tmp_path / "b.pt")
-    assert mod.main(["--compare", str(tmp_path / "a.pt"), str(tmp_path / "same.pt")]) == 0
-    assert mod.main(["--compare", str(tmp_path / "a.pt"), str(tmp_path / "b.pt")]) == 1
-    with pytest.raises(SystemExit, match="--dtype 'fp8': give one of bf16, fp16, fp32"):
-        mod.main(["--package", "generated/hopper", "--out", str(tmp_path / "x.pt"), "--dtype", "fp8"])
-
-
-@pytest.mark.slow
-def test_ab_gpu_dry_run_finishes_with_every_step(tmp_path: Path) -> None:
-    """scripts/ab_gpu.sh with DRY=1 on two snapshots of this working tree (scripts/ab_base.sh --worktree): it
-    returns (session 20's GPU call hung on a bare `wait` after `exec > >(tee)`), the outputs of the two trees
-    compare bit-identical, and the archive holds both builds' logs and both trees' op-level and per-stage JSON."""
-    import subprocess
-    import tarfile
-
-    for tree in ("base", "cand"):
-        subprocess.run([str(REPO / "scripts" / "ab_base.sh"), "--worktree", str(tmp_path / tree)], check=True,
-                       capture_output=True, timeout=60)
-    env = {**__import__("os").environ, "OUT": str(tmp_path / "out"), "DRY": "1", "ROUNDS": "1",
-           "STAGES": "--chunks 16 --dims 64", "SPEC": "specs/hopper.yaml",  # SYSTEMS: the default
-           "BASE_DIR": str(tmp_path / "base"), "CAND_DIR": str(tmp_path / "cand")}
-    proc = subprocess.run([str(REPO / "scripts" / "ab_gpu.sh")], env=env, capture_output=True, text=True,
-                          timeout=400)
-    log = (tmp_path / "out" / "ab.log").read_text()
-    assert proc.returncode == 0, proc.stderr + log
-    assert "all bit-identical" in log and "== done at" in log, log
-    assert re.search(r"^cand r1: \S+ +dplr-keep ", log, re.M), log  # the default SYSTEMS: dplr-keep timed too
-    with tarfile.open(tmp_path / "out" / "ab.tgz") as tar:
-        names = {Path(n).name for n in tar.getnames()}
-    assert {"build_base.log", "build_cand.log", "op_base_1.json", "op_cand_1.json", "stage_base_1.json",
-            "stage_cand_1.json"} <= names, names
-    # each tree built its own package (CAND_DIR: the candidate's is not this checkout's generated/)
-    assert all((tmp_path / t / "generated" / "hopper" / "index.json").is_file() for t in ("base", "cand"))

@@ -247,7 +247,7 @@ print(m.LAUNCH[name]["num_warps"], c.metadata.shared)
                                   "chunk_bf16_k128_v128_c16_dense_gbm0p61_gbf16_sfp32"])
 def test_persistent_gluon_token_passes_keep_two_programs_an_sm(unit: str) -> None:
     """The persistent Gluon token passes of specs/hopper.yaml rest on two programs an SM, one computing while the
-    other's copies are in flight (docs/perf_notes.md 49, 52): compiled for sm_90 (no GPU needed; in a process of
+    other's copies are in flight (docs/design.md, token pass in Gluon): compiled for sm_90 (no GPU needed; in a process of
     its own, outside the tests' interpreter mode), each leaves room for two by its shared memory at its 4 warps
     (at most 255 registers a thread: two blocks by registers)."""
     from dplr_gen.runtime import blocks_per_sm

@@ -889,7 +889,7 @@ def test_overlap_choice(monkeypatch):
     from dplr_gen.runtime import blocks_per_sm
 
     assert blocks_per_sm(204, 8192, 1) == blocks_per_sm(224, 8192, 1) == 9  # registers in 256-per-warp units
-    assert blocks_per_sm(255, 34816, 4) == 2  # the token pass: two blocks an SM (perf_notes 11)
+    assert blocks_per_sm(255, 34816, 4) == 2  # the token pass: two blocks an SM
     assert blocks_per_sm(64, 40000, 1, smem_sm=233472) == 5  # shared memory binds
     assert blocks_per_sm(16, 0, 1) == 32 and blocks_per_sm(255, 0, 16) == 0
     assert chunk_driver.grids_fit([(256, 9), (256, 9)], 132) and not chunk_driver.grids_fit([(1024, 9), (1024, 9)], 132)

@@ -469,7 +469,7 @@ def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path
     phases, nothing else: the reverse pass (U; its operands from the backward prep: Y, (Q e^gamma)^T,
     (A e^gamma')^T, (K e^(gamma_C - gamma))^T, P, A_qk^T, A_ak^T, e^gamma_C; dR and dv, which it writes) and the
     token pass (dq written over U, dk over dR, dv, da, db, dgk). Since dv moved into the reverse pass the first
-    is the larger (H100, bf16, docs/perf_notes.md 24: 1.19 -> 1.29 GB at (4, 4096, 32, 64))."""
+    is the larger (H100, bf16, docs/design.md, dv in the reverse pass: 1.19 -> 1.29 GB at (4, 4096, 32, 64))."""
     import weakref
 
     live: dict[int, int] = {}

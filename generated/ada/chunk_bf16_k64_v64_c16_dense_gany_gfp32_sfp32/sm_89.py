@@ -382,7 +382,7 @@ def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x
         # the forward forms A e^gamma' before the inverse (the a and gamma' tiles die there) and W last, after
         # the [C, C] stores. H100, Triton 3.6, bf16, K = 128 at 2 warps: Triton's spill count 74 -> 22 and
         # 0.374 -> 0.296 ms at (8, 2048, 16, 128); K = 64: 0.281 -> 0.278 ms at (4, 4096, 32, 64)
-        # (docs/perf_notes.md 26).
+        # (docs/design.md, preps).
         aw = b_a * tl.exp(gamp)
         Tm = _inv_unit_triangular(Aab, BC)
         tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty))

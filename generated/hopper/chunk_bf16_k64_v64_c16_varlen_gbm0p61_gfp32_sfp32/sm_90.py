@@ -311,7 +311,7 @@ def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x
         # the forward forms A e^gamma' before the inverse (the a and gamma' tiles die there) and W last, after
         # the [C, C] stores. H100, Triton 3.6, bf16, K = 128 at 2 warps: Triton's spill count 74 -> 22 and
         # 0.374 -> 0.296 ms at (8, 2048, 16, 128); K = 64: 0.281 -> 0.278 ms at (4, 4096, 32, 64)
-        # (docs/perf_notes.md 26).
+        # (docs/design.md, preps).
         aw = b_a * tl.exp(gamp)
         Tm = _inv_unit_triangular(Aab, BC)
         tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty))
@@ -917,7 +917,7 @@ def chunk_dplr_bwd_kernel(
         # ---- the products over v: four [C, C] and four [C, K] ----
         # each operand read from shared memory just before its products, so that few need be live at once (the
         # loop's registers are full; with this order and the gates' below no bf16 unit spills, at the same speed:
-        # docs/perf_notes.md 49)
+        # docs/design.md, token pass in Gluon)
         zr = gl.zeros([BC, BC], gl.float32, layout=MR)
         zn = gl.zeros([BC, BK], gl.float32, layout=MN)
         b_vT = s_v.index(stage).permute((1, 0)).load(BR)
@@ -947,8 +947,8 @@ def chunk_dplr_bwd_kernel(
     cp.wait_group(0)  # no copy outlives the program (the last ones are masked off, past n_items)
 
 
-# the Triton forms of the Gluon kernels: what Triton's interpreter runs in their place (runtime.KernelSet), and what
-# the token-pass edit sets of scripts/time_token_edits.py edit
+# the Triton forms of the Gluon kernels: what Triton's interpreter runs in their place (runtime.KernelSet), and the
+# reference the Gluon form's outputs are compared with
 TRITON_FORMS = {"chunk_dplr_bwd_kernel": chunk_dplr_bwd_triton_kernel}
 
 
