@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import yaml_marks
 from .arch import UnknownArchError, get_arch
 
 DType = Literal["bf16", "fp16", "fp32"]
@@ -208,15 +210,53 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+def _unwrap(t: Any) -> list[Any]:
+    """The types an annotation may hold a value of (Optional, unions and Annotated opened)."""
+    origin = get_origin(t)
+    if origin is Annotated:
+        return _unwrap(get_args(t)[0])
+    if origin in (Union, UnionType):
+        return [u for a in get_args(t) for u in _unwrap(a)]
+    return [t]
+
+
+def _model_at(loc: tuple[int | str, ...], model: Any = None) -> type[BaseModel] | None:
+    """The model whose fields the mapping at ``loc`` of a spec holds (None where it is not a model)."""
+    types: list[Any] = [model or Spec]
+    for part in loc:
+        nxt: list[Any] = []
+        for t in types:
+            origin = get_origin(t)
+            if isinstance(t, type) and issubclass(t, BaseModel) and isinstance(part, str) and part in t.model_fields:
+                nxt += _unwrap(t.model_fields[part].annotation)
+            elif origin in (list, tuple) and isinstance(part, int):
+                nxt += [u for a in get_args(t)[:1] for u in _unwrap(a)]
+            elif origin is dict:
+                nxt += _unwrap(get_args(t)[1])
+        types = nxt
+    return next((t for t in types if isinstance(t, type) and issubclass(t, BaseModel)), None)
+
+
+def _unknown_key_hint(loc: tuple[int | str, ...]) -> str:
+    """"did you mean" for a key the model at ``loc``'s parent does not have, and the keys it has."""
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str):
+        return ""
+    keys = list(model.model_fields)
+    close = difflib.get_close_matches(loc[-1], keys, n=1, cutoff=0.6)
+    return (f"; did you mean {close[0]!r}?" if close else "") + f" (keys here: {', '.join(keys)}; docs/specs.md)"
+
+
 def load_spec(path: str | Path) -> Spec:
-    """Read and validate a spec file; every problem is a SpecError naming the file and field."""
+    """Read and validate a spec file; every problem is a SpecError naming the file, line, column and field."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from None
+        marked = yaml_marks.load(path)
+    except yaml_marks.YAMLSyntaxError as e:
+        raise SpecError(str(e)) from None
+    raw = marked.data
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a spec is a mapping with keys name, targets, variants (got {type(raw).__name__})")
     raw.setdefault("name", re.sub(r"[^a-z0-9_]", "_", path.stem.lower()))
@@ -225,6 +265,11 @@ def load_spec(path: str | Path) -> Spec:
     except ValidationError as e:
         lines = [f"{path}: invalid spec"]
         for err in e.errors():
+            loc = tuple(err["loc"])
+            unknown = err["type"] == "extra_forbidden"
+            mark = marked.where(loc, key=unknown)
+            where = f"{path}:{mark.line}:{mark.column}" if mark else str(path)
             got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
-            lines.append(f"  {_field_path(err['loc'])}: {err['msg']}{got}")
+            msg = f"unknown key{_unknown_key_hint(loc)}" if unknown else f"{err['msg']}{got}"
+            lines.append(f"  {where}: {_field_path(loc)}: {msg}")
         raise SpecError("\n".join(lines)) from None
