@@ -196,28 +196,49 @@ def list_(spec: Path = typer.Argument(..., metavar="SPEC", help="spec file")) ->
 
 @_command()
 def show(
-    variant: str = typer.Argument(..., help="variant name, optionally with __sm_XX"),
-    target: Optional[str] = typer.Option(None, "--target", help="e.g. sm_90 (default: the first target)"),
+    variant: str = typer.Argument(..., metavar="VARIANT", help="variant name (`dplr-gen list SPEC`), optionally "
+                                  "with __sm_XX"),
+    spec: Optional[str] = typer.Option(None, "--spec", metavar="SPEC", help="spec file or built spec name "
+                                       "(default: search every spec under generated/)"),
+    target: Optional[str] = typer.Option(None, "--target", metavar="ARCH", help="e.g. sm_86 (default: the "
+                                         "spec's first target for this variant)"),
 ) -> None:
-    """Print the generated Triton source of a variant."""
-    from .runtime import GENERATED
+    """Print the generated Triton source of a variant for one target."""
+    from . import build as b
+    from . import sources
 
     name, _, suffix = variant.partition("__")
     target = target or suffix or None
-    for index_path in sorted(GENERATED.glob("*/index.json")):
-        index = json.loads(index_path.read_text())
-        entry = index["variants"].get(name)
-        if entry is None:
-            continue
-        tgt = target or next(iter(entry["targets"]))
-        if tgt not in entry["targets"]:
-            raise _fail(f"{name} is built for {', '.join(entry['targets'])}, not {tgt}")
-        sys.stdout.write((index_path.parent / entry["targets"][tgt]["source"]).read_text())
-        return
-    known = sorted(n for p in GENERATED.glob("*/index.json") for n in json.loads(p.read_text())["variants"])
-    close = [n for n in known if name.split("_")[0] in n][:5]
-    raise _fail(f"no variant named {name!r} under {GENERATED}; e.g. {', '.join(close or known[:5]) or 'none built'}"
-                " (`dplr-gen list SPEC` lists them)")
+    if target and not target.startswith("sm_"):
+        target = f"sm_{target}"
+    spec_name = None
+    if spec is not None:
+        try:
+            spec_name = b.load_spec(Path(spec)).name if Path(spec).is_file() else spec
+        except SpecError as e:
+            raise _fail(str(e)) from None
+        if spec_name not in sources.packages(b.GENERATED):
+            raise _fail(f"spec {spec_name!r} is not rendered under {b.GENERATED}; run `dplr-gen build {spec}`")
+    found = sources.find(name, b.GENERATED, spec_name)
+    if not found:
+        where = f"spec {spec_name!r}" if spec_name else str(b.GENERATED)
+        close = sources.nearest(name, b.GENERATED, spec_name)
+        raise _fail(f"no variant named {name!r} in {where}; nearest: {', '.join(close) or 'none built'} "
+                    "(`dplr-gen list SPEC` lists them all)")
+    with_target = [f for f in found if target is None or target in f.targets]
+    if not with_target:
+        built = "; ".join(f"{f.spec}: {', '.join(f.targets)}" for f in found)
+        raise _fail(f"{name} is not rendered for {target}; it is for {built}")
+    if len(with_target) > 1:
+        listing = "; ".join(f"{f.spec} ({f.spec_file}: {', '.join(f.targets)})" for f in with_target)
+        raise _fail(f"{name} is in {len(with_target)} specs: {listing}. Choose one with --spec "
+                    f"(e.g. --spec {with_target[0].spec_file}) or --target")
+    (f,) = with_target
+    tgt = target or next(iter(f.targets))
+    others = [t for t in f.targets if t != tgt]
+    err.print(f"# {f.spec} ({f.spec_file}), {tgt}" + (f"; also rendered for {', '.join(others)} (--target)"
+              if others else ""), highlight=False, soft_wrap=True)
+    sys.stdout.write(f.targets[tgt].read_text())
 
 
 @_command()
