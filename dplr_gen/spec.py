@@ -83,42 +83,42 @@ class Knobs(_Strict):
 
     # stage chunk.bwd only: the token pass splits K into blocks of this many columns, one program each (each forms
     # the chunk's four [C, C] dA matrices in full: they contract over V only)
-    block_k: int | None = Field(None, ge=16, le=256)
-    block_v: int | None = Field(None, ge=16, le=256)
-    num_warps: Literal[1, 2, 4, 8, 16] | None = None
-    num_stages: int | None = Field(None, ge=1, le=8)
+    block_k: int | None = Field(None, ge=16, le=256, description="chunk.bwd only: K columns per token-pass program (a power of two); splits K over programs")
+    block_v: int | None = Field(None, ge=16, le=256, description="V columns per program (a power of two); smaller tiles fit less shared memory")
+    num_warps: Literal[1, 2, 4, 8, 16] | None = Field(None, description="warps per program (default: the arch profile's)")
+    num_stages: int | None = Field(None, ge=1, le=8, description="software-pipelining depth of loads (default: the arch profile's); more stages, more shared memory")
     # registers per thread the compiler may use (PTX .maxnreg; Triton's maxnreg): fewer registers, more
     # programs resident per SM, paid for in spills to local memory. None: the compiler's choice (up to 255).
-    max_registers: int | None = Field(None, ge=64, le=255)
+    max_registers: int | None = Field(None, ge=64, le=255, description="registers per thread the compiler may use (maxnreg): more programs per SM, paid in spills")
     # stage chunk.bwd only: the token pass walks chunks of this many tokens (at least the variant's chunk size;
     # the state passes then store every (chunk / chunk_size)-th boundary state). Not 64: the registry's chunk-64
     # entries key on the variant's chunk size, so a chunk-64 token pass would escape them.
-    chunk: Literal[16, 32] | None = None
+    chunk: Literal[16, 32] | None = Field(None, description="chunk.bwd only: tokens per token-pass chunk (at least the variant's chunk size)")
     # stage chunk.bwd only: the chunk-boundary states h and dh are kept once per this many tokens: the token pass's
     # chunk (the default), or twice the variant's chunk size where the token pass walks the variant's chunks; the
     # pass then derives the states in between from the kept ones (half the h and dh bytes, a few more products).
-    states_every: Literal[16, 32, 64] | None = None
+    states_every: Literal[16, 32, 64] | None = Field(None, description="chunk.bwd only: keep the boundary states h, dh once per this many tokens (half the bytes, a few more products)")
     # stage chunk.bwd only: the token pass is the persistent Gluon kernel (explicit layouts; the next tiles copied
     # into shared memory while the current ones are computed) where the Triton release has the Gluon API it is
     # written against (variants.GLUON_TRITON; elsewhere the Triton form is built). It covers bf16, 16-token chunks,
     # bounded gates, 4 warps, and K = V = 64 (a state kept for each chunk) or K = V = 128 dense with states_every
     # 32 only (variants.check_gluon).
-    gluon: bool | None = None
+    gluon: bool | None = Field(None, description="chunk.bwd only: the token pass as the persistent Gluon kernel, where the Triton release and the variant allow")
     # stage chunk.bwd_dh only: the reverse pass runs at the same time as the backward's recompute of the states
     # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave
     # most of the device idle. Costs the forward prep's operands kept alive through the reverse pass.
-    overlap: bool | None = None
+    overlap: bool | None = Field(None, description="chunk.bwd_dh only: run the reverse pass beside the states recompute on a second stream")
     # stages chunk.fwd_small and chunk.bwd_dh_small only: the small-grid copy is launched where the main kernel's
     # grid has fewer programs than this many times the device's SMs (None: 1, i.e. fewer programs than SMs).
     # Above 1 where the main kernel holds many programs per SM, so that a grid of a few per SM leaves it idle.
-    launch_below_sms: int | None = Field(None, ge=1, le=64)
+    launch_below_sms: int | None = Field(None, ge=1, le=64, description="small-grid stages only: launch the copy where the main grid has fewer programs than this many times the SMs (default 1)")
     # stages chunk.fwd_small and chunk.bwd_dh_small only, dense variants: where the small-grid copy runs, its pass
     # (the forward's and the states-only pass; the reverse pass) splits each sequence into up to this many segments
     # walked side by side. A first launch finds what each segment does to the state entering it (an affine map:
     # S_end = P S_start + L; backwards for the reverse pass); the pass over each segment then folds the maps of the
     # segments before it into its starting state. About three walks of work in place of one, over this many times
     # the programs: a gain only where the one walk leaves most SMs idle (docs/chunk_algorithm.md).
-    segments: int | None = Field(None, ge=2, le=64)
+    segments: int | None = Field(None, ge=2, le=64, description="small-grid stages only, dense variants: split each sequence into up to this many segments walked side by side")
 
     @field_validator("block_k", "block_v")
     @classmethod
@@ -131,8 +131,8 @@ class Knobs(_Strict):
 class TuningRule(_Strict):
     """Knobs for the variants (and targets) that match ``when``, e.g. {K: [128]} or {target: [sm_90], K: [128]}."""
 
-    when: dict[str, list[Any]] = Field(min_length=1)
-    tuning: dict[str, Knobs] = Field(min_length=1)
+    when: dict[str, list[Any]] = Field(min_length=1, description="variant parameters (or target) -> the values the rule applies to, e.g. {K: [128]}")
+    tuning: dict[str, Knobs] = Field(min_length=1, description="\"op.stage\" -> knobs for the matching variants")
 
     @field_validator("when")
     @classmethod
@@ -144,32 +144,32 @@ class TuningRule(_Strict):
 class VariantAxes(_Strict):
     """One group of axes; the variants are their cross product (then filtered, with reasons)."""
 
-    ops: list[Op] = Field(default_factory=lambda: ["chunk", "fused_recurrent"], min_length=1)
-    dtypes: list[DType] = Field(min_length=1)
+    ops: list[Op] = Field(default_factory=lambda: ["chunk", "fused_recurrent"], min_length=1, description="chunk: training and prefill (chunk-parallel); fused_recurrent: decoding, token by token")
+    dtypes: list[DType] = Field(min_length=1, description="dtypes of q, k, v, a, b (the ops pick the variant by the inputs' dtype); an arch may lack some")
     # an int means K = V; a pair is [K, V]
-    head_dims: list[HeadDim | tuple[HeadDim, HeadDim]] = Field(min_length=1)
-    chunk_sizes: list[ChunkSize] = Field(default_factory=lambda: [64], min_length=1)
-    varlen: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
+    head_dims: list[HeadDim | tuple[HeadDim, HeadDim]] = Field(min_length=1, description="head sizes: an int means K = V, a pair is [K, V]; 16 to 256")
+    chunk_sizes: list[ChunkSize] = Field(default_factory=lambda: [64], min_length=1, description="tokens per chunk of the chunk op; changes rounding and speed, not the function")
+    varlen: list[bool] = Field(default_factory=lambda: [False, True], min_length=1, description="false: dense [B, T, ...] batches; true: sequences laid end to end with cu_seqlens")
     # None: generic gate, safe for any gk <= 0 (gk = -inf included). A float L < 0: gk >= L is promised
     # (RWKV-7: -0.6065), which licenses factored exponents and tensor-core dots.
-    gate_bounds: list[Annotated[float, Field(lt=0, ge=-20)] | None] = Field(default_factory=lambda: [None])
+    gate_bounds: list[Annotated[float, Field(lt=0, ge=-20)] | None] = Field(default_factory=lambda: [None], description="null: any gate gk <= 0; a float L in [-20, 0): gk >= L is promised (lower_bound), licensing the faster factored form")
     # "same": gk is read in the input dtype; "fp32": gk is kept in float32 (fla allows fp32 gk with bf16 inputs)
-    gate_dtype: Literal["same", "fp32"] = "fp32"
-    state_dtype: Literal["fp32"] = "fp32"
+    gate_dtype: Literal["same", "fp32"] = Field("fp32", description="fp32: gk kept in float32 (takes gk of any dtype); same: gk read in the input dtype (no conversion, fewer bytes)")
+    state_dtype: Literal["fp32"] = Field("fp32", description="dtype of the recurrent state (float32 only)")
     # precision of float32 dots; ignored for bf16/fp16 variants
-    dot_precisions: list[Literal["ieee", "tf32"]] = Field(default_factory=lambda: ["ieee"], min_length=1)
+    dot_precisions: list[Literal["ieee", "tf32"]] = Field(default_factory=lambda: ["ieee"], min_length=1, description="precision of float32 dots (tf32: faster, ~1e-3 relative); ignored for bf16/fp16")
 
 
 class Spec(_Strict):
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="package name under generated/")
-    description: str = ""
-    targets: list[str] = Field(min_length=1)
-    variants: list[VariantAxes] = Field(min_length=1)
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="package name: generated/<name>/, imported as `generated.<name>` (default: the file's stem)")
+    description: str = Field("", description="one line for the generated package's docstring")
+    targets: list[str] = Field(min_length=1, description="GPU archs to build for, e.g. [sm_80, sm_86]: each needs an arch profile (below)")
+    variants: list[VariantAxes] = Field(min_length=1, description="groups of axes; each group's cross product is built (impossible combinations are refused, with reasons, in `dplr-gen list`)")
     # "op.stage" -> knobs, for every target; target_tuning[target]["op.stage"] overrides per target
-    tuning: dict[str, Knobs] = Field(default_factory=dict)
-    target_tuning: dict[str, dict[str, Knobs]] = Field(default_factory=dict)
+    tuning: dict[str, Knobs] = Field(default_factory=dict, description="\"op.stage\" -> knobs for every target")
+    target_tuning: dict[str, dict[str, Knobs]] = Field(default_factory=dict, description="target -> \"op.stage\" -> knobs, over `tuning` for that target")
     # then, in order, the rules whose `when` matches a variant (e.g. a narrower V tile at K = 128)
-    variant_tuning: list[TuningRule] = Field(default_factory=list)
+    variant_tuning: list[TuningRule] = Field(default_factory=list, description="rules applied in order after target_tuning to the variants their `when` matches")
 
     @field_validator("targets")
     @classmethod
