@@ -12,21 +12,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class KnobDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    num_warps: int = Field(4, ge=1, le=16)
-    num_stages: int = Field(2, ge=1, le=8)
+    num_warps: int = Field(4, ge=1, le=16, description="warps per program where a spec sets none")
+    num_stages: int = Field(2, ge=1, le=8, description="pipelining depth where a spec sets none")
 
 
 class ArchProfile(BaseModel):
     """One NVIDIA compute capability as the generator sees it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str
-    cc: int = Field(ge=50, le=200)
-    smem_per_block: int = Field(gt=0, description="opt-in shared memory per block, bytes")
-    mma: Literal["none", "v2", "v3", "v5"]
-    arch_specific: bool = False
-    dtypes: tuple[Literal["bf16", "fp16", "fp32"], ...]
-    defaults: KnobDefaults = KnobDefaults()
+    name: str = Field(description="the GPUs it covers, for messages")
+    cc: int = Field(ge=50, le=200, description="compute capability as one number (sm_86: 86); the target is sm_<cc>")
+    smem_per_block: int = Field(gt=0, description="opt-in shared memory per block, bytes: kernels above it fail the build")
+    mma: Literal["none", "v2", "v3", "v5"] = Field(description="matrix unit Triton uses: none (no tensor-core dot), v2 (mma.sync, sm_80+), v3 (wgmma, sm_90), v5 (tcgen05, sm_100); decides template flags")
+    arch_specific: bool = Field(False, description="compiled for sm_XXa: runs on exactly this arch only")
+    dtypes: tuple[Literal["bf16", "fp16", "fp32"], ...] = Field(description="input dtypes the arch can build; others are refused")
+    defaults: KnobDefaults = Field(KnobDefaults(), description="knob values where a spec sets none")
 
     @property
     def target(self) -> str:
@@ -64,6 +64,7 @@ def get_arch(target: str | int) -> ArchProfile:
     if key not in arches:
         raise UnknownArchError(
             f"unknown target arch {target!r}: known archs are {', '.join(arches)}; "
-            "add a profile to dplr_gen/data/arches.yaml to support a new GPU generation"
+            "add a profile to dplr_gen/data/arches.yaml to support a new GPU generation (docs/specs.md lists its "
+            "fields)"
         )
     return arches[key]

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from packaging.version import Version
 
 from . import cache
-from .compile import CompileJob, CompileOutcome, run_in_subprocess
+from .compile import Cancel, CompileJob, CompileOutcome, run_in_subprocess
 from .render import GENERATOR_VERSION, TEMPLATE_FOR_OP, render_template, render_unit, source_hash
 from .spec import Spec, load_spec
 from .variants import BuildUnit, Filtered, build_units
@@ -28,7 +30,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 GENERATED = REPO_ROOT / "generated"
 INDEX = "index.json"
 MANIFEST = "manifest.json"
-BUILD_PRODUCTS = {MANIFEST, ".lock"}
+LOCK = ".lock"
+LOCK_OWNER = ".lock.owner"  # the pid of the build holding LOCK (the lock file itself is truncated by waiters)
+BUILD_PRODUCTS = {MANIFEST, LOCK, LOCK_OWNER}
 
 
 def installed_triton() -> Version:
@@ -130,6 +134,8 @@ class BuildReport:
     outcomes: list[CompileOutcome] = field(default_factory=list)
     refused: list[Filtered] = field(default_factory=list)
     seconds: float = 0.0
+    units: int = 0  # (variant, target) pairs of the plan, as `dplr-gen list` counts them
+    recompiled: bool = False  # --force: every kernel compiled again, the cache bypassed
     stubs: str = ""  # what became of the launch stubs (build_launch_stubs)
 
     @property
@@ -139,6 +145,14 @@ class BuildReport:
     @property
     def kernels(self) -> int:
         return sum(len(o.kernels) for o in self.outcomes)
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the compiles: what was finished (kept in the cache) and what a rerun still does."""
+
+    def __init__(self, spec_path: Path, done: list[str], total: int, cache_root: Path) -> None:
+        super().__init__(f"build of {spec_path} interrupted after {len(done)} of {total} units")
+        self.spec_path, self.done, self.total, self.cache_root = spec_path, done, total, cache_root
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any] | None:
@@ -168,26 +182,65 @@ def build(
     out_root: Path | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
     stubs: bool = True,
+    on_wait: Callable[[str], None] | None = None,
 ) -> BuildReport:
+    """Render, compile and record the spec's package. ``force``: compile every kernel again, even those in the
+    cache. ``on_progress(unit, done, total)``: once with done = 0 before the compiles, then after each unit.
+    ``on_wait(message)``: called once if another build holds the package's lock (this one then waits for it)."""
     t0 = time.perf_counter()
     p = plan(spec_path, out_root)
     root = cache.cache_root()
-    report = BuildReport(p.spec.name, p.out_dir, refused=p.refused)
+    report = BuildReport(p.spec.name, p.out_dir, refused=p.refused, units=len(p.units))
     p.out_dir.mkdir(parents=True, exist_ok=True)
-    # one build of a spec at a time; a second waits, then finds the work done
-    with FileLock(str(p.out_dir / ".lock")):
+    # one build of a spec at a time; a second waits (saying so), then finds the work done
+    with package_lock(p.out_dir, on_wait):
         report.written = write_package(p)
         report.up_to_date = not force and manifest_is_current(p, read_manifest(p.out_dir), root)
         if not report.up_to_date:
-            _compile_and_record(p, root, jobs, report, on_progress)
+            _compile_and_record(p, root, jobs, report, on_progress, force)
     if stubs:
         report.stubs = build_launch_stubs(p.out_dir)
     report.seconds = time.perf_counter() - t0
     return report
 
 
+def lock_holder(out_dir: Path) -> str:
+    """Who holds the package's build lock, as far as is known."""
+    try:
+        pid = int((out_dir / LOCK_OWNER).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return "by a process that has not said which (it may be starting)"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"by process {pid}, which has ended (the lock is about to be free)"
+    except PermissionError:
+        pass
+    return f"by process {pid}"
+
+
+@contextmanager
+def package_lock(out_dir: Path, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """The package's build lock; if another build holds it, ``on_wait`` hears which lock and whose, then this
+    waits for it."""
+    lock = FileLock(str(out_dir / LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if on_wait:
+            on_wait(f"waiting for another build of this package: {out_dir / LOCK} is held {lock_holder(out_dir)}")
+        lock.acquire()
+    try:
+        cache.atomic_write_text(out_dir / LOCK_OWNER, f"{os.getpid()}\n")
+        yield
+    finally:
+        (out_dir / LOCK_OWNER).unlink(missing_ok=True)
+        lock.release()
+
+
 def _compile_and_record(
-    p: Plan, root: Path, jobs: int, report: BuildReport, on_progress: Callable[[str, int, int], None] | None
+    p: Plan, root: Path, jobs: int, report: BuildReport, on_progress: Callable[[str, int, int], None] | None,
+    force: bool = False,
 ) -> None:
     """Compile every unit (in subprocesses, ``jobs`` at once) into the cache, then write the manifest last.
     Call under the package's lock."""
@@ -197,17 +250,29 @@ def _compile_and_record(
             unit=u.name, source=str(p.out_dir / p.unit_files[u.name]),
             source_hash=source_hash(p.files[p.unit_files[u.name]]), target=u.target, cc=u.arch.cc,
             smem_limit=u.arch.smem_per_block, check_mma=u.arch.mma != "v2", triton_version=tv,
-            cache_root=str(root),
+            cache_root=str(root), force=force,
         )
         for u in p.units
     ]
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_in_subprocess, j): j for j in job_list}
+    report.recompiled = force
+    if on_progress:
+        on_progress("", 0, len(job_list))
+    cancel = Cancel()
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        futures = [pool.submit(run_in_subprocess, j, cancel=cancel) for j in job_list]
         for n, fut in enumerate(as_completed(futures), 1):
             outcome = fut.result()
             report.outcomes.append(outcome)
             if on_progress:
                 on_progress(outcome.unit, n, len(job_list))
+    except KeyboardInterrupt:
+        # stop within seconds: no queued compile starts, running ones are terminated. Finished kernels are in
+        # the cache (each entry written atomically), so a rerun compiles only the rest. No manifest is written.
+        cancel.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise BuildInterrupted(p.spec_path, [o.unit for o in report.outcomes if o.ok], len(job_list), root) from None
+    pool.shutdown()
     report.outcomes.sort(key=lambda o: o.unit)
     manifest = {
         "spec": p.spec.name, "index_sha": p.index_sha, "triton_version": tv,

@@ -66,11 +66,13 @@ def locked(key: str, triton_version: str, root: Path | None = None) -> Iterator[
 
 
 def write_entry(
-    key: str, triton_version: str, files: dict[str, bytes], meta: dict[str, Any], root: Path | None = None
+    key: str, triton_version: str, files: dict[str, bytes], meta: dict[str, Any], root: Path | None = None,
+    replace: bool = False,
 ) -> Path:
-    """Store ``files`` and then ``meta`` atomically; returns the entry folder. Call under :func:`locked`."""
+    """Store ``files`` and then ``meta`` atomically; returns the entry folder. Call under :func:`locked`.
+    An existing complete entry is kept, or with ``replace`` replaced (``build --force``)."""
     final = entry_dir(key, triton_version, root)
-    if (final / META).exists():
+    if (final / META).exists() and not replace:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-", dir=final.parent))
@@ -78,7 +80,7 @@ def write_entry(
         for name, data in files.items():
             (tmp / name).write_bytes(data)
         (tmp / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
-        if final.exists():  # a stale folder without meta.json: left by a crash before the rename existed
+        if final.exists():  # the entry replaced, or a stale folder without meta.json left by a crash
             shutil.rmtree(final)
         os.rename(tmp, final)
     finally:

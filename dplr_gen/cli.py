@@ -1,4 +1,5 @@
-"""The ``dplr-gen`` command. Exit codes: 0 ok, 1 build failure (or stale with --check), 2 bad spec or usage."""
+"""The ``dplr-gen`` command. Exit codes: 0 ok, 1 build failure (or stale with --check), 2 bad spec or usage,
+130 interrupted (Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -9,41 +10,103 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .spec import SpecError
 
+
+class _FlagsWithoutType:
+    """Flags (on/off options, --help included) shown without a "<bool>" type column."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for p in params:
+            if getattr(p, "is_flag", False) and p.metavar is None:
+                p.metavar = ""
+        return params
+
+
+class _Group(_FlagsWithoutType, TyperGroup):
+    pass
+
+
+class _Command(_FlagsWithoutType, TyperCommand):
+    """Usage lines with the arguments' metavars (``[OPTIONS] SPEC``), not Typer's ``{spec}``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        params = self.get_params(ctx)
+        pieces = ["[OPTIONS]"] if any(p.param_type_name == "option" for p in params) else []
+        for p in params:
+            if p.param_type_name == "argument" and (p.metavar or not p.hidden):
+                name = p.metavar or (p.name or "").upper() + ("..." if p.nargs != 1 else "")
+                pieces.append(name if p.required or name.startswith("[") else f"[{name}]")
+        return pieces
+
+
 app = typer.Typer(
     help="Generate, build and inspect DPLR delta-rule (RWKV-7) Triton kernels ahead of time.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
 out = Console()
 err = Console(stderr=True)
 
 EXIT_BUILD_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
-@app.command()
+def _command(name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return app.command(name, cls=_Command)
+
+
+class _BuildProgress:
+    """The build's bar, shown once the compiles start (not while rendering, waiting for a lock, or failing)."""
+
+    def __init__(self, spec: Path) -> None:
+        self.spec = spec
+        self.progress: Progress | None = None
+        self.task: Any = None
+
+    def step(self, unit: str, done: int, total: int) -> None:
+        if self.progress is None:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("units"),
+                TimeElapsedColumn(), TextColumn("{task.fields[unit]}"), console=err, transient=False,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(f"compiling {self.spec}", total=total, unit="")
+        self.progress.update(self.task, completed=done, total=total, unit=unit)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+@_command()
 def build(
-    spec: Path = typer.Argument(..., help="spec file, e.g. specs/ampere.yaml"),
-    jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, help="compiles run in parallel"),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="spec file, e.g. specs/ampere.yaml"),
+    jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, metavar="N",
+                             help="compiles run in parallel"),
     check: bool = typer.Option(False, "--check", help="only check that generated/ matches the spec; exit 1 if stale"),
-    force: bool = typer.Option(False, "--force", help="recompile even if the build is up to date"),
+    force: bool = typer.Option(False, "--force", help="compile every kernel again, bypassing the kernel cache "
+                               "(without it, kernels already in the cache are reused)"),
 ) -> None:
-    """Render every variant, compile it for every target, verify, cache; write generated/<spec>/."""
+    """Render every variant, compile it for every target, verify, cache; write generated/<spec>/.
+    Ctrl-C stops it within seconds; a rerun resumes (compiled kernels stay in the cache)."""
     from . import build as b
 
     try:
@@ -58,35 +121,45 @@ def build(
                 raise typer.Exit(EXIT_BUILD_FAILED)
             out.print(f"{plan.out_dir} is up to date with {spec} ({len(plan.units)} units)")
             return
-        with Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[unit]}"), console=err, transient=False,
-        ) as progress:
-            task = progress.add_task(f"building {spec}", total=None, unit="")
-
-            def step(unit: str, done: int, total: int) -> None:
-                progress.update(task, completed=done, total=total, unit=unit)
-
-            report = b.build(spec, jobs=jobs, force=force, on_progress=step)
-            if report.up_to_date:
-                progress.update(task, total=1, completed=1, unit="up to date")
+        bar = _BuildProgress(spec)
+        try:
+            report = b.build(spec, jobs=jobs, force=force, on_progress=bar.step,
+                             on_wait=lambda message: err.print(message, highlight=False, soft_wrap=True))
+        finally:
+            bar.stop()
     except SpecError as e:
         raise _fail(str(e)) from None
+    except b.BuildInterrupted as e:
+        err.print(f"interrupted: {len(e.done)} of {e.total} units were compiled, their kernels kept in the cache "
+                  f"({e.cache_root}); the running compiles were stopped. Rerun `dplr-gen build {spec}` to resume: "
+                  "finished kernels are not compiled again.", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt:
+        err.print(f"interrupted before any compile; rerun `dplr-gen build {spec}` to build.", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     for f in report.failures:
         err.print(f"[bold red]FAILED[/] {f.unit} ({f.target}): {f.error}", highlight=False)
-    state = "up to date, nothing to do" if report.up_to_date else f"{report.kernels} kernels compiled or cached"
-    out.print(
-        f"{report.spec}: {state}; {len(report.failures)} failed; {len(report.refused)} refused or filtered "
-        f"(`dplr-gen list {spec}` says why); {report.seconds:.1f} s -> {report.out_dir}"
-    )
+    out.print(f"{report.spec}: {_summary(report)}; {len(report.refused)} refused or filtered "
+              f"(`dplr-gen list {spec}` says why); {report.seconds:.1f} s -> {report.out_dir}", highlight=False,
+              soft_wrap=True)
     if report.stubs:
         out.print(f"{report.spec}: {report.stubs}")
     if report.failures:
         raise typer.Exit(EXIT_BUILD_FAILED)
 
 
-@app.command("list")
-def list_(spec: Path = typer.Argument(..., help="spec file")) -> None:
+def _summary(report: Any) -> str:
+    """What the build did, in the units `dplr-gen list` counts (a unit: one variant for one target) and the
+    kernels they hold (several per chunk unit: one per pass)."""
+    if report.up_to_date:
+        return f"up to date, nothing to do ({report.units} units built)"
+    ok = report.units - len(report.failures)
+    how = "compiled (cache bypassed: --force)" if report.recompiled else "compiled or found in the kernel cache"
+    return f"{ok} of {report.units} units built ({report.kernels} kernels {how}); {len(report.failures)} failed"
+
+
+@_command("list")
+def list_(spec: Path = typer.Argument(..., metavar="SPEC", help="spec file")) -> None:
     """Variants, targets, build status and shared memory used."""
     from . import build as b
 
@@ -121,33 +194,54 @@ def list_(spec: Path = typer.Argument(..., help="spec file")) -> None:
         out.print(f"[red]failed[/] {unit}: {error}", highlight=False)
 
 
-@app.command()
+@_command()
 def show(
-    variant: str = typer.Argument(..., help="variant name, optionally with __sm_XX"),
-    target: Optional[str] = typer.Option(None, "--target", help="e.g. sm_90 (default: the first target)"),
+    variant: str = typer.Argument(..., metavar="VARIANT", help="variant name (`dplr-gen list SPEC`), optionally "
+                                  "with __sm_XX"),
+    spec: Optional[str] = typer.Option(None, "--spec", metavar="SPEC", help="spec file or built spec name "
+                                       "(default: search every spec under generated/)"),
+    target: Optional[str] = typer.Option(None, "--target", metavar="ARCH", help="e.g. sm_86 (default: the "
+                                         "spec's first target for this variant)"),
 ) -> None:
-    """Print the generated Triton source of a variant."""
-    from .runtime import GENERATED
+    """Print the generated Triton source of a variant for one target."""
+    from . import build as b
+    from . import sources
 
     name, _, suffix = variant.partition("__")
     target = target or suffix or None
-    for index_path in sorted(GENERATED.glob("*/index.json")):
-        index = json.loads(index_path.read_text())
-        entry = index["variants"].get(name)
-        if entry is None:
-            continue
-        tgt = target or next(iter(entry["targets"]))
-        if tgt not in entry["targets"]:
-            raise _fail(f"{name} is built for {', '.join(entry['targets'])}, not {tgt}")
-        sys.stdout.write((index_path.parent / entry["targets"][tgt]["source"]).read_text())
-        return
-    known = sorted(n for p in GENERATED.glob("*/index.json") for n in json.loads(p.read_text())["variants"])
-    close = [n for n in known if name.split("_")[0] in n][:5]
-    raise _fail(f"no variant named {name!r} under {GENERATED}; e.g. {', '.join(close or known[:5]) or 'none built'}"
-                " (`dplr-gen list SPEC` lists them)")
+    if target and not target.startswith("sm_"):
+        target = f"sm_{target}"
+    spec_name = None
+    if spec is not None:
+        try:
+            spec_name = b.load_spec(Path(spec)).name if Path(spec).is_file() else spec
+        except SpecError as e:
+            raise _fail(str(e)) from None
+        if spec_name not in sources.packages(b.GENERATED):
+            raise _fail(f"spec {spec_name!r} is not rendered under {b.GENERATED}; run `dplr-gen build {spec}`")
+    found = sources.find(name, b.GENERATED, spec_name)
+    if not found:
+        where = f"spec {spec_name!r}" if spec_name else str(b.GENERATED)
+        close = sources.nearest(name, b.GENERATED, spec_name)
+        raise _fail(f"no variant named {name!r} in {where}; nearest: {', '.join(close) or 'none built'} "
+                    "(`dplr-gen list SPEC` lists them all)")
+    with_target = [f for f in found if target is None or target in f.targets]
+    if not with_target:
+        built = "; ".join(f"{f.spec}: {', '.join(f.targets)}" for f in found)
+        raise _fail(f"{name} is not rendered for {target}; it is for {built}")
+    if len(with_target) > 1:
+        listing = "; ".join(f"{f.spec} ({f.spec_file}: {', '.join(f.targets)})" for f in with_target)
+        raise _fail(f"{name} is in {len(with_target)} specs: {listing}. Choose one with --spec "
+                    f"(e.g. --spec {with_target[0].spec_file}) or --target")
+    (f,) = with_target
+    tgt = target or next(iter(f.targets))
+    others = [t for t in f.targets if t != tgt]
+    err.print(f"# {f.spec} ({f.spec_file}), {tgt}" + (f"; also rendered for {', '.join(others)} (--target)"
+              if others else ""), highlight=False, soft_wrap=True)
+    sys.stdout.write(f.targets[tgt].read_text())
 
 
-@app.command()
+@_command()
 def doctor() -> None:
     """Versions of Triton, torch and ptxas, the GPU seen, the cache, the specs found."""
     from importlib.metadata import PackageNotFoundError, version
@@ -212,9 +306,9 @@ def _ptxas_version() -> str:
         return f"unknown ({e})"
 
 
-@app.command()
+@_command()
 def clean(
-    spec: Optional[Path] = typer.Argument(None, help="spec file; without it, every spec and the whole cache"),
+    spec: Optional[Path] = typer.Argument(None, metavar="SPEC", help="spec file; without it, every spec and the whole cache"),
 ) -> None:
     """Remove build products: the manifest(s) and the cached kernels they name. Rendered sources stay."""
     from . import build as b
@@ -245,28 +339,28 @@ def clean(
     out.print(f"{plan.spec.name}: removed the manifest and {removed} cached kernels")
 
 
-@app.command()
+@_command()
 def compat(
     triton: Optional[str] = typer.Option(
-        None, "--triton", help="Triton releases, comma-separated, e.g. 3.1.0,3.2.0,3.6.0 (default: the latest "
+        None, "--triton", metavar="VERSIONS", help="Triton releases, comma-separated, e.g. 3.1.0,3.2.0,3.6.0 (default: the latest "
         "patch of each minor 3.1 to 3.9 on the package index)"),
     specs: Optional[list[str]] = typer.Option(
-        None, "--specs", help="spec files (default: every specs/*.yaml); `--specs A B`, `--specs A,B` or "
+        None, "--specs", metavar="SPECS", help="spec files (default: every specs/*.yaml); `--specs A B`, `--specs A,B` or "
         "repeated --specs"),
     extra_specs: Optional[list[str]] = typer.Argument(None, hidden=True, metavar="[SPEC]..."),
     sample: bool = typer.Option(
         True, "--sample/--full", help="sample: per (spec, arch, Triton) one variant per (op, gate mode, dtype) "
         "at the largest head dim with varlen on; full: every variant"),
-    jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, help="compiles run in parallel"),
-    targets: Optional[str] = typer.Option(None, "--targets", help="only these archs, e.g. sm_80,sm_90"),
-    ops: Optional[str] = typer.Option(None, "--ops", help="only these ops: chunk, fused_recurrent"),
-    dtypes: Optional[str] = typer.Option(None, "--dtypes", help="only these dtypes: bf16, fp16, fp32"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="where compat.md and compat.json go "
+    jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, metavar="N", help="compiles run in parallel"),
+    targets: Optional[str] = typer.Option(None, "--targets", metavar="ARCHS", help="only these archs, e.g. sm_80,sm_90"),
+    ops: Optional[str] = typer.Option(None, "--ops", metavar="OPS", help="only these ops: chunk, fused_recurrent"),
+    dtypes: Optional[str] = typer.Option(None, "--dtypes", metavar="DTYPES", help="only these dtypes: bf16, fp16, fp32"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="where compat.md and compat.json go "
                                            "(default: docs/ of this repository)"),
     kernel_cache: Optional[Path] = typer.Option(
-        None, "--kernel-cache", help="keep compiled kernels here across runs (default: a temporary folder, so "
+        None, "--kernel-cache", metavar="DIR", help="keep compiled kernels here across runs (default: a temporary folder, so "
         "every kernel is compiled and checked afresh and the user's cache is untouched)"),
-    timeout: float = typer.Option(900.0, "--timeout", help="seconds per unit before its compile counts as FAILED"),
+    timeout: float = typer.Option(900.0, "--timeout", metavar="SECONDS", help="seconds per unit before its compile counts as FAILED"),
 ) -> None:
     """Build every spec under several Triton releases (one venv each) and write docs/compat.md + .json."""
     import shlex

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ class CompileJob:
     check_mma: bool
     triton_version: str
     cache_root: str
+    force: bool = False  # compile even where the cache holds the kernel, and replace the entry
 
 
 @dataclass
@@ -83,7 +85,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
     for name in module.SIGNATURES:
         key = kernel_cache_key(job.source_hash, name, module, job.cc, job.triton_version)
         with cache.locked(key, job.triton_version, root):
-            meta = cache.read_entry(key, job.triton_version, root)
+            meta = None if job.force else cache.read_entry(key, job.triton_version, root)
             if meta is None:
                 print(COMPILING_PREFIX + name, flush=True)
                 t0 = time.perf_counter()
@@ -122,7 +124,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
                     "ttgir_sha256": hashlib.sha256(res.ttgir.encode()).hexdigest()[:16],
                     "triton_metadata": res.metadata,
                 }
-                cache.write_entry(key, job.triton_version, res.files, meta, root)
+                cache.write_entry(key, job.triton_version, res.files, meta, root, replace=job.force)
             out.kernels.append({k: meta[k] for k in meta if k != "triton_metadata"})
     return out
 
@@ -130,37 +132,81 @@ def run_job(job: CompileJob) -> CompileOutcome:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_in_subprocess(job: CompileJob, timeout: float = 900.0, python: str = sys.executable) -> CompileOutcome:
+class Cancel:
+    """Stops a build's compiles: no new one starts once set, and the running ones are terminated (each is a
+    process of its own, and a compile can take minutes). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._procs: set[subprocess.Popen[str]] = set()
+        self._lock = threading.Lock()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._set = True
+            procs = list(self._procs)
+        for p in procs:
+            p.terminate()
+
+    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str] | None:
+        """The started process, or None once cancelled (a process started as cancel() runs is terminated)."""
+        with self._lock:
+            if self._set:
+                return None
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            self._procs.add(proc)
+            return proc
+
+    def done(self, proc: subprocess.Popen[str]) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+
+def run_in_subprocess(job: CompileJob, timeout: float = 900.0, python: str = sys.executable,
+                      cancel: Cancel | None = None) -> CompileOutcome:
     """Run a job in a fresh interpreter; a crash there becomes an error outcome here.
 
     ``python``: the interpreter to compile with, e.g. one of a virtual environment holding another Triton
     release (``dplr-gen compat``). It needs only triton, filelock, platformdirs and packaging: the repository
-    root goes on its PYTHONPATH so that it imports this package from here.
+    root goes on its PYTHONPATH so that it imports this package from here. ``cancel``: once set, the job is
+    not started, or its process is terminated (the outcome then says it was cancelled).
     """
+    cancel = cancel or Cancel()
+    where = f"{job.unit} for {job.target} with Triton {job.triton_version}"
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(asdict(job), f)
         job_path = f.name
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)  # compiling needs the real compiler
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    where = f"{job.unit} for {job.target} with Triton {job.triton_version}"
     try:
-        proc = subprocess.run(
-            [python, "-m", "dplr_gen.compile", job_path],
-            capture_output=True, text=True, timeout=timeout, env=env,
-        )
-    except subprocess.TimeoutExpired:
-        return CompileOutcome(job.unit, job.target, False, error=f"compiling {where} timed out after {timeout:.0f} s")
+        proc = cancel.start([python, "-m", "dplr_gen.compile", job_path], env)
+        if proc is None:
+            return CompileOutcome(job.unit, job.target, False, error=f"compiling {where} was cancelled")
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return CompileOutcome(job.unit, job.target, False,
+                                  error=f"compiling {where} timed out after {timeout:.0f} s")
+        finally:
+            cancel.done(proc)
     finally:
         os.unlink(job_path)
-    lines = proc.stdout.splitlines()
+    if cancel.is_set():
+        return CompileOutcome(job.unit, job.target, False, error=f"compiling {where} was cancelled")
+    lines = stdout.splitlines()
     for line in reversed(lines):
         if line.startswith(RESULT_PREFIX):
             return CompileOutcome(**json.loads(line[len(RESULT_PREFIX):]))
     kernel = next((ln[len(COMPILING_PREFIX):] for ln in reversed(lines) if ln.startswith(COMPILING_PREFIX)), None)
     if kernel:
         where = f"kernel {kernel} of {where}"
-    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+    tail = "\n".join((stderr or stdout).strip().splitlines()[-6:])
     how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with {proc.returncode}"
     if proc.returncode in (-6, 134):
         how = "aborted inside the compiler (SIGABRT)"

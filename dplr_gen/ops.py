@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from . import fused_recurrent_driver
+from .gate_check import check_lower_bound
 
 if TYPE_CHECKING:
     from .runtime import SpecPackage
@@ -422,6 +423,8 @@ def _run(
         raise ValueError(f"chunk_size must be 16, 32 or 64 (or None for the spec's choice), got {chunk_size!r}")
     if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and lower_bound < 0):
         raise ValueError(f"lower_bound must be a negative float (a promise that gk >= lower_bound) or None, got {lower_bound!r}")
+    if lower_bound is not None:  # a broken promise would give finite, wrong numbers (gate_check)
+        check_lower_bound(tensors[5], lower_bound)
     q, k, v, a, b, g = tensors
     variant = variant_for(package, op, q, v, g, cu_seqlens, chunk_size, lower_bound)
     var = package.variants[variant]
@@ -461,7 +464,10 @@ def chunk_dplr_delta_rule(
     instead of recomputing them ([T/C, H, K, V] per sequence: faster backward, more memory; same result), and in
     eager mode the backward's prep too (~5 [B, T, H, K] tensors more until the backward); only where a backward
     can follow (grad mode on, an input that requires grad): otherwise it changes nothing;
-    ``safe_gate`` is accepted for fla compatibility and changes nothing."""
+    ``safe_gate`` is accepted for fla compatibility and changes nothing. The promise is checked (one reduction
+    over gk; on a GPU without a host sync: see dplr_gen.gate_check, and DPLR_GEN_CHECK_LOWER_BOUND=0 to skip it).
+    ``initial_state`` may be float32 or a lower precision (bf16, fp16): the state is computed and returned in
+    float32 either way, and its gradient comes back in initial_state's dtype."""
     if unexpected:
         raise TypeError(f"chunk_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")
     return _run("chunk", package, ("q", "k", "v", "a", "b", "gk"), (q, k, v, a, b, gk), scale, initial_state,

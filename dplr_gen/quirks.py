@@ -52,13 +52,13 @@ class Quirk(BaseModel):
     """One known failure of a Triton release on some archs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="stable name, recorded in the sources that avoid it")
     archs: tuple[ArchItem, ...] = Field(min_length=1, description='sm numbers or ranges like "100-103"')
     triton: str = Field(description='PEP 440 specifier on the Triton release, e.g. ">=3.0,<3.2"')
-    pattern: str = Field(min_length=1)
-    effect: Effect
-    reference: str = Field(min_length=1)
-    avoid: Avoid = Field(default_factory=Avoid)
+    pattern: str = Field(min_length=1, description="the code pattern that fails")
+    effect: Effect = Field(description="what the failure does; a miscompile is refused at run time unless avoided")
+    reference: str = Field(min_length=1, description="where it is shown (issue, test, doc)")
+    avoid: Avoid = Field(default_factory=Avoid, description="what the generator does about it")
     when: dict[str, tuple[Any, ...]] = Field(
         default_factory=dict,
         description="variant parameters the failure is limited to, e.g. {chunk_size: [64]}; empty: every variant",

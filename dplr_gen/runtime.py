@@ -414,10 +414,13 @@ class _Dispatcher:
 
         if name not in ops.OP_NAMES:
             raise AttributeError(name)
+        ops._constant_result(_compiled_package_for)  # marks it for Dynamo (idempotent)
 
         def op(*args: Any, **kwargs: Any) -> Any:
             q = args[0] if args else next(iter(kwargs.values()))
-            return getattr(ops, name)(*args, package=self.package_for(q.device), **kwargs)
+            # under torch.compile the lookup (a folder listing) runs once at trace time, outside the graph
+            package = _compiled_package_for(q.device) if torch.compiler.is_compiling() else self.package_for(q.device)
+            return getattr(ops, name)(*args, package=package, **kwargs)
 
         op.__name__ = name
         return op
@@ -426,3 +429,10 @@ class _Dispatcher:
 @functools.cache
 def default_package() -> _Dispatcher:
     return _Dispatcher()
+
+
+def _compiled_package_for(device: torch.device) -> SpecPackage:
+    """``dplr_gen.<op>``'s package under torch.compile. Marked as a constant result (the dispatcher marks it on
+    first use), so Dynamo calls it once while tracing instead of tracing the folder listing, which it cannot:
+    a graph then holds the package found for the device and DPLR_GEN_SPEC when it was traced."""
+    return default_package().package_for(device)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import yaml_marks
 from .arch import UnknownArchError, get_arch
 
 DType = Literal["bf16", "fp16", "fp32"]
@@ -81,42 +83,42 @@ class Knobs(_Strict):
 
     # stage chunk.bwd only: the token pass splits K into blocks of this many columns, one program each (each forms
     # the chunk's four [C, C] dA matrices in full: they contract over V only)
-    block_k: int | None = Field(None, ge=16, le=256)
-    block_v: int | None = Field(None, ge=16, le=256)
-    num_warps: Literal[1, 2, 4, 8, 16] | None = None
-    num_stages: int | None = Field(None, ge=1, le=8)
+    block_k: int | None = Field(None, ge=16, le=256, description="chunk.bwd only: K columns per token-pass program (a power of two); splits K over programs")
+    block_v: int | None = Field(None, ge=16, le=256, description="V columns per program (a power of two); smaller tiles fit less shared memory")
+    num_warps: Literal[1, 2, 4, 8, 16] | None = Field(None, description="warps per program (default: the arch profile's)")
+    num_stages: int | None = Field(None, ge=1, le=8, description="software-pipelining depth of loads (default: the arch profile's); more stages, more shared memory")
     # registers per thread the compiler may use (PTX .maxnreg; Triton's maxnreg): fewer registers, more
     # programs resident per SM, paid for in spills to local memory. None: the compiler's choice (up to 255).
-    max_registers: int | None = Field(None, ge=64, le=255)
+    max_registers: int | None = Field(None, ge=64, le=255, description="registers per thread the compiler may use (maxnreg): more programs per SM, paid in spills")
     # stage chunk.bwd only: the token pass walks chunks of this many tokens (at least the variant's chunk size;
     # the state passes then store every (chunk / chunk_size)-th boundary state). Not 64: the registry's chunk-64
     # entries key on the variant's chunk size, so a chunk-64 token pass would escape them.
-    chunk: Literal[16, 32] | None = None
+    chunk: Literal[16, 32] | None = Field(None, description="chunk.bwd only: tokens per token-pass chunk (at least the variant's chunk size)")
     # stage chunk.bwd only: the chunk-boundary states h and dh are kept once per this many tokens: the token pass's
     # chunk (the default), or twice the variant's chunk size where the token pass walks the variant's chunks; the
     # pass then derives the states in between from the kept ones (half the h and dh bytes, a few more products).
-    states_every: Literal[16, 32, 64] | None = None
+    states_every: Literal[16, 32, 64] | None = Field(None, description="chunk.bwd only: keep the boundary states h, dh once per this many tokens (half the bytes, a few more products)")
     # stage chunk.bwd only: the token pass is the persistent Gluon kernel (explicit layouts; the next tiles copied
     # into shared memory while the current ones are computed) where the Triton release has the Gluon API it is
     # written against (variants.GLUON_TRITON; elsewhere the Triton form is built). It covers bf16, 16-token chunks,
     # bounded gates, 4 warps, and K = V = 64 (a state kept for each chunk) or K = V = 128 dense with states_every
     # 32 only (variants.check_gluon).
-    gluon: bool | None = None
+    gluon: bool | None = Field(None, description="chunk.bwd only: the token pass as the persistent Gluon kernel, where the Triton release and the variant allow")
     # stage chunk.bwd_dh only: the reverse pass runs at the same time as the backward's recompute of the states
     # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave
     # most of the device idle. Costs the forward prep's operands kept alive through the reverse pass.
-    overlap: bool | None = None
+    overlap: bool | None = Field(None, description="chunk.bwd_dh only: run the reverse pass beside the states recompute on a second stream")
     # stages chunk.fwd_small and chunk.bwd_dh_small only: the small-grid copy is launched where the main kernel's
     # grid has fewer programs than this many times the device's SMs (None: 1, i.e. fewer programs than SMs).
     # Above 1 where the main kernel holds many programs per SM, so that a grid of a few per SM leaves it idle.
-    launch_below_sms: int | None = Field(None, ge=1, le=64)
+    launch_below_sms: int | None = Field(None, ge=1, le=64, description="small-grid stages only: launch the copy where the main grid has fewer programs than this many times the SMs (default 1)")
     # stages chunk.fwd_small and chunk.bwd_dh_small only, dense variants: where the small-grid copy runs, its pass
     # (the forward's and the states-only pass; the reverse pass) splits each sequence into up to this many segments
     # walked side by side. A first launch finds what each segment does to the state entering it (an affine map:
     # S_end = P S_start + L; backwards for the reverse pass); the pass over each segment then folds the maps of the
     # segments before it into its starting state. About three walks of work in place of one, over this many times
     # the programs: a gain only where the one walk leaves most SMs idle (docs/chunk_algorithm.md).
-    segments: int | None = Field(None, ge=2, le=64)
+    segments: int | None = Field(None, ge=2, le=64, description="small-grid stages only, dense variants: split each sequence into up to this many segments walked side by side")
 
     @field_validator("block_k", "block_v")
     @classmethod
@@ -129,8 +131,8 @@ class Knobs(_Strict):
 class TuningRule(_Strict):
     """Knobs for the variants (and targets) that match ``when``, e.g. {K: [128]} or {target: [sm_90], K: [128]}."""
 
-    when: dict[str, list[Any]] = Field(min_length=1)
-    tuning: dict[str, Knobs] = Field(min_length=1)
+    when: dict[str, list[Any]] = Field(min_length=1, description="variant parameters (or target) -> the values the rule applies to, e.g. {K: [128]}")
+    tuning: dict[str, Knobs] = Field(min_length=1, description="\"op.stage\" -> knobs for the matching variants")
 
     @field_validator("when")
     @classmethod
@@ -142,32 +144,32 @@ class TuningRule(_Strict):
 class VariantAxes(_Strict):
     """One group of axes; the variants are their cross product (then filtered, with reasons)."""
 
-    ops: list[Op] = Field(default_factory=lambda: ["chunk", "fused_recurrent"], min_length=1)
-    dtypes: list[DType] = Field(min_length=1)
+    ops: list[Op] = Field(default_factory=lambda: ["chunk", "fused_recurrent"], min_length=1, description="chunk: training and prefill (chunk-parallel); fused_recurrent: decoding, token by token")
+    dtypes: list[DType] = Field(min_length=1, description="dtypes of q, k, v, a, b (the ops pick the variant by the inputs' dtype); an arch may lack some")
     # an int means K = V; a pair is [K, V]
-    head_dims: list[HeadDim | tuple[HeadDim, HeadDim]] = Field(min_length=1)
-    chunk_sizes: list[ChunkSize] = Field(default_factory=lambda: [64], min_length=1)
-    varlen: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
+    head_dims: list[HeadDim | tuple[HeadDim, HeadDim]] = Field(min_length=1, description="head sizes: an int means K = V, a pair is [K, V]; 16 to 256")
+    chunk_sizes: list[ChunkSize] = Field(default_factory=lambda: [64], min_length=1, description="tokens per chunk of the chunk op; changes rounding and speed, not the function")
+    varlen: list[bool] = Field(default_factory=lambda: [False, True], min_length=1, description="false: dense [B, T, ...] batches; true: sequences laid end to end with cu_seqlens")
     # None: generic gate, safe for any gk <= 0 (gk = -inf included). A float L < 0: gk >= L is promised
     # (RWKV-7: -0.6065), which licenses factored exponents and tensor-core dots.
-    gate_bounds: list[Annotated[float, Field(lt=0, ge=-20)] | None] = Field(default_factory=lambda: [None])
+    gate_bounds: list[Annotated[float, Field(lt=0, ge=-20)] | None] = Field(default_factory=lambda: [None], description="null: any gate gk <= 0; a float L in [-20, 0): gk >= L is promised (lower_bound), licensing the faster factored form")
     # "same": gk is read in the input dtype; "fp32": gk is kept in float32 (fla allows fp32 gk with bf16 inputs)
-    gate_dtype: Literal["same", "fp32"] = "fp32"
-    state_dtype: Literal["fp32"] = "fp32"
+    gate_dtype: Literal["same", "fp32"] = Field("fp32", description="fp32: gk kept in float32 (takes gk of any dtype); same: gk read in the input dtype (no conversion, fewer bytes)")
+    state_dtype: Literal["fp32"] = Field("fp32", description="dtype of the recurrent state (float32 only)")
     # precision of float32 dots; ignored for bf16/fp16 variants
-    dot_precisions: list[Literal["ieee", "tf32"]] = Field(default_factory=lambda: ["ieee"], min_length=1)
+    dot_precisions: list[Literal["ieee", "tf32"]] = Field(default_factory=lambda: ["ieee"], min_length=1, description="precision of float32 dots (tf32: faster, ~1e-3 relative); ignored for bf16/fp16")
 
 
 class Spec(_Strict):
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="package name under generated/")
-    description: str = ""
-    targets: list[str] = Field(min_length=1)
-    variants: list[VariantAxes] = Field(min_length=1)
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="package name: generated/<name>/, imported as `generated.<name>` (default: the file's stem)")
+    description: str = Field("", description="one line for the generated package's docstring")
+    targets: list[str] = Field(min_length=1, description="GPU archs to build for, e.g. [sm_80, sm_86]: each needs an arch profile (below)")
+    variants: list[VariantAxes] = Field(min_length=1, description="groups of axes; each group's cross product is built (impossible combinations are refused, with reasons, in `dplr-gen list`)")
     # "op.stage" -> knobs, for every target; target_tuning[target]["op.stage"] overrides per target
-    tuning: dict[str, Knobs] = Field(default_factory=dict)
-    target_tuning: dict[str, dict[str, Knobs]] = Field(default_factory=dict)
+    tuning: dict[str, Knobs] = Field(default_factory=dict, description="\"op.stage\" -> knobs for every target")
+    target_tuning: dict[str, dict[str, Knobs]] = Field(default_factory=dict, description="target -> \"op.stage\" -> knobs, over `tuning` for that target")
     # then, in order, the rules whose `when` matches a variant (e.g. a narrower V tile at K = 128)
-    variant_tuning: list[TuningRule] = Field(default_factory=list)
+    variant_tuning: list[TuningRule] = Field(default_factory=list, description="rules applied in order after target_tuning to the variants their `when` matches")
 
     @field_validator("targets")
     @classmethod
@@ -208,15 +210,53 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+def _unwrap(t: Any) -> list[Any]:
+    """The types an annotation may hold a value of (Optional, unions and Annotated opened)."""
+    origin = get_origin(t)
+    if origin is Annotated:
+        return _unwrap(get_args(t)[0])
+    if origin in (Union, UnionType):
+        return [u for a in get_args(t) for u in _unwrap(a)]
+    return [t]
+
+
+def _model_at(loc: tuple[int | str, ...], model: Any = None) -> type[BaseModel] | None:
+    """The model whose fields the mapping at ``loc`` of a spec holds (None where it is not a model)."""
+    types: list[Any] = [model or Spec]
+    for part in loc:
+        nxt: list[Any] = []
+        for t in types:
+            origin = get_origin(t)
+            if isinstance(t, type) and issubclass(t, BaseModel) and isinstance(part, str) and part in t.model_fields:
+                nxt += _unwrap(t.model_fields[part].annotation)
+            elif origin in (list, tuple) and isinstance(part, int):
+                nxt += [u for a in get_args(t)[:1] for u in _unwrap(a)]
+            elif origin is dict:
+                nxt += _unwrap(get_args(t)[1])
+        types = nxt
+    return next((t for t in types if isinstance(t, type) and issubclass(t, BaseModel)), None)
+
+
+def _unknown_key_hint(loc: tuple[int | str, ...]) -> str:
+    """"did you mean" for a key the model at ``loc``'s parent does not have, and the keys it has."""
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str):
+        return ""
+    keys = list(model.model_fields)
+    close = difflib.get_close_matches(loc[-1], keys, n=1, cutoff=0.6)
+    return (f"; did you mean {close[0]!r}?" if close else "") + f" (keys here: {', '.join(keys)}; docs/specs.md)"
+
+
 def load_spec(path: str | Path) -> Spec:
-    """Read and validate a spec file; every problem is a SpecError naming the file and field."""
+    """Read and validate a spec file; every problem is a SpecError naming the file, line, column and field."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from None
+        marked = yaml_marks.load(path)
+    except yaml_marks.YAMLSyntaxError as e:
+        raise SpecError(str(e)) from None
+    raw = marked.data
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a spec is a mapping with keys name, targets, variants (got {type(raw).__name__})")
     raw.setdefault("name", re.sub(r"[^a-z0-9_]", "_", path.stem.lower()))
@@ -225,6 +265,11 @@ def load_spec(path: str | Path) -> Spec:
     except ValidationError as e:
         lines = [f"{path}: invalid spec"]
         for err in e.errors():
+            loc = tuple(err["loc"])
+            unknown = err["type"] == "extra_forbidden"
+            mark = marked.where(loc, key=unknown)
+            where = f"{path}:{mark.line}:{mark.column}" if mark else str(path)
             got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
-            lines.append(f"  {_field_path(err['loc'])}: {err['msg']}{got}")
+            msg = f"unknown key{_unknown_key_hint(loc)}" if unknown else f"{err['msg']}{got}"
+            lines.append(f"  {where}: {_field_path(loc)}: {msg}")
         raise SpecError("\n".join(lines)) from None

@@ -1,0 +1,121 @@
+"""The lower_bound promise is checked (a broken one raises, naming lower_bound and the minimum; the switch skips
+it), and a lower-precision initial_state is taken on purpose: the state is computed and returned in float32."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dplr_gen import gate_check, ops
+from dplr_gen.reference import naive_dplr_delta_rule
+from dplr_gen.testing import rel_err, rwkv7_inputs
+
+from .helpers import render_package
+
+REPO = Path(__file__).resolve().parent.parent
+
+SPEC = """
+name: gate_check_test
+targets: [sm_80]
+variants:
+  - ops: [chunk]
+    dtypes: [fp32]
+    head_dims: [16]
+    chunk_sizes: [16]
+    varlen: [false]
+    gate_bounds: [-0.61]
+"""
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory: pytest.TempPathFactory):
+    return render_package(tmp_path_factory.mktemp("gen"), SPEC, "gate_check_test")
+
+
+def _inputs(gate: float | None) -> dict[str, torch.Tensor]:
+    x = rwkv7_inputs(1, 20, 2, 16, dtype=torch.float32)
+    if gate is not None:  # gates below the promise at a few positions
+        x["gk"][0, 3:9, 1, :5] = gate
+    return x
+
+
+@pytest.mark.parametrize("gate, shown", [(-1.0, "min(gk) = -1"), (-5.0, "min(gk) = -5"), (float("nan"), "nan")])
+def test_broken_promise_raises(pkg, monkeypatch: pytest.MonkeyPatch, gate: float, shown: str) -> None:
+    monkeypatch.delenv(gate_check.CHECK_ENV, raising=False)
+    with pytest.raises(ValueError) as e:
+        ops.chunk_dplr_delta_rule(**_inputs(gate), lower_bound=-0.61, package=pkg)
+    assert "lower_bound=-0.61" in str(e.value) and shown in str(e.value) and gate_check.CHECK_ENV in str(e.value)
+
+
+def test_kept_promise_passes_and_is_exact(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(gate_check.CHECK_ENV, raising=False)
+    x = _inputs(None)
+    o, _ = ops.chunk_dplr_delta_rule(**x, lower_bound=-0.61, package=pkg)
+    ref, _ = naive_dplr_delta_rule(**{n: t.double() for n, t in x.items()})
+    assert rel_err(o, ref) < 1e-5
+
+
+def test_switch_skips_the_check(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the check off the broken promise runs through: finite and wrong, which is why the check is on."""
+    monkeypatch.setenv(gate_check.CHECK_ENV, "0")
+    x = _inputs(-5.0)
+    o, _ = ops.chunk_dplr_delta_rule(**x, lower_bound=-0.61, package=pkg)
+    ref, _ = naive_dplr_delta_rule(**{n: t.double() for n, t in x.items()})
+    assert torch.isfinite(o).all() and rel_err(o, ref) > 1e-2
+
+
+def test_check_is_in_the_compiled_graph(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.compile the check is an asynchronous assert node of the graph (no host sync, no graph break)."""
+    monkeypatch.delenv(gate_check.CHECK_ENV, raising=False)
+
+    def f(x: dict[str, torch.Tensor]) -> torch.Tensor:
+        return ops.chunk_dplr_delta_rule(**x, lower_bound=-0.61, package=pkg)[0] * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    x = _inputs(None)
+    assert rel_err(compiled(x), f(x)) < 1e-6
+    with pytest.raises(RuntimeError, match=r"lower_bound=-0.61 promises .* a gate is below it"):
+        compiled(_inputs(-1.0))
+
+
+def test_async_form_carries_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device form (torch._assert_async) is what a CUDA tensor gets; on CPU it raises at once."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    gate_check.check_lower_bound(torch.full((3,), -0.5), -0.61)
+    with pytest.raises(RuntimeError, match="lower_bound=-0.61"):
+        gate_check.check_lower_bound(torch.full((3,), -0.7), -0.61)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_initial_state_is_taken_in_float32(pkg, dtype: torch.dtype) -> None:
+    """initial_state in bf16/fp16: the same result as its values in float32; final state float32; its gradient
+    in its own dtype."""
+    x = _inputs(None)
+    h0 = x.pop("initial_state").to(dtype).requires_grad_(True)
+    h0_32 = h0.detach().float().requires_grad_(True)
+    outs = []
+    for h in (h0, h0_32):
+        o, ht = ops.chunk_dplr_delta_rule(**x, initial_state=h, output_final_state=True, lower_bound=-0.61,
+                                           package=pkg)
+        (dh,) = torch.autograd.grad((o.square().sum() + ht.sum()), (h,))
+        outs.append((o, ht, dh))
+    (o, ht, dh), (o32, ht32, dh32) = outs
+    assert ht.dtype == torch.float32 and dh.dtype == dtype
+    assert torch.equal(o, o32) and torch.equal(ht, ht32) and torch.equal(dh, dh32.to(dtype))
+
+
+def test_cost_script_dry_run(tmp_path: Path) -> None:
+    """benchmarks/lower_bound_check.py (the GPU measurement of the check's cost) runs end to end on CPU."""
+    out = tmp_path / "cost.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lower_bound_check.py"), str(out), "--dry-run"],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["shapes"]
+    assert "error" not in row, row
+    assert {"fwd_checked_ms", "fwd_unchecked_ms", "fwd_bwd_overhead_pct", "check_alone_ms"} <= set(row)
