@@ -42,6 +42,7 @@ class CompileJob:
     check_mma: bool
     triton_version: str
     cache_root: str
+    kernels: list[str] | None = None  # compile only these of the source's kernels (None: all)
 
 
 @dataclass
@@ -51,6 +52,20 @@ class CompileOutcome:
     ok: bool
     kernels: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    over_smem: list[str] = field(default_factory=list)  # kernels refused for their shared memory alone
+    compiled: list[str] = field(default_factory=list)  # kernels this job compiled (the rest: found in the cache)
+
+
+def job_for(unit: Any, source: str | Path, text: str, root: Path, triton_version: str,
+            kernels: list[str] | None = None) -> CompileJob:
+    """The compile job of build unit ``unit`` (variants.BuildUnit) whose rendered ``text`` is at ``source``."""
+    from .render import source_hash
+
+    return CompileJob(
+        unit=unit.name, source=str(source), source_hash=source_hash(text), target=unit.target, cc=unit.arch.cc,
+        smem_limit=unit.arch.smem_per_block, check_mma=unit.arch.mma != "v2", triton_version=triton_version,
+        cache_root=str(root), kernels=kernels,
+    )
 
 
 def import_source(path: str | Path, module_name: str) -> ModuleType:
@@ -80,7 +95,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
     module = import_source(job.source, f"dplr_gen_build_{job.unit}")
     root = Path(job.cache_root)
     out = CompileOutcome(job.unit, job.target, ok=True)
-    for name in module.SIGNATURES:
+    for name in job.kernels if job.kernels is not None else module.SIGNATURES:
         key = kernel_cache_key(job.source_hash, name, module, job.cc, job.triton_version)
         with cache.locked(key, job.triton_version, root):
             meta = cache.read_entry(key, job.triton_version, root)
@@ -112,6 +127,8 @@ def run_job(job: CompileJob) -> CompileOutcome:
                         )
                 if problems:
                     out.ok = False
+                    if len(problems) == 1 and res.shared > job.smem_limit:
+                        out.over_smem.append(name)
                     out.error = f"kernel {name}: " + "; ".join(problems)
                     return out
                 meta = {
@@ -123,6 +140,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
                     "triton_metadata": res.metadata,
                 }
                 cache.write_entry(key, job.triton_version, res.files, meta, root)
+                out.compiled.append(name)
             out.kernels.append({k: meta[k] for k in meta if k != "triton_metadata"})
     return out
 
