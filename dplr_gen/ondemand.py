@@ -148,6 +148,7 @@ class Prepared:
     compiled: int = 0  # kernels this call compiled (0: all found in the cache)
     seconds: float = 0.0
     shrunk: list[str] = dataclasses.field(default_factory=list)  # knob changes that made it fit
+    needs_allocator: bool = False  # its kernels may need global scratch (runtime._set_torch_allocator)
 
 
 def _triton_version() -> str:
@@ -192,8 +193,9 @@ def prepare(spec: "Spec", v: Variant, target: str, compile: bool = True, root: P
     d = ondemand_dir(spec.name, root)
     u = unit_of(spec, v, target)
     source, text = _write_source(u, d)
+    alloc = bool(u.flags.get("needs_allocator"))
     if not compile:
-        return Prepared(u.name, source, [])
+        return Prepared(u.name, source, [], needs_allocator=alloc)
     from .render import source_hash
 
     record = d / f"{u.name}-{source_hash(text)}.json"
@@ -202,10 +204,12 @@ def prepare(spec: "Spec", v: Variant, target: str, compile: bool = True, root: P
         found = _read_record(record, root, tv)
         if found is not None:
             STATS["from_cache"] += 1
+            found.needs_allocator = alloc
             return found
         t0 = time.perf_counter()
         prepared = _compile(u, source, text, root, tv, jobs)
         prepared.seconds = time.perf_counter() - t0
+        prepared.needs_allocator = alloc
         cache.atomic_write_text(record, json.dumps({
             "unit": prepared.unit, "source": prepared.source.name, "kernels": prepared.kernels,
             "shrunk": prepared.shrunk}, indent=1) + "\n")
@@ -336,7 +340,7 @@ def kernel_set(package: "SpecPackage", v: Variant, target: str) -> KernelSet:
     from . import triton_compat
     from .runtime import _set_torch_allocator
 
-    if unit_of(spec, v, target).flags.get("needs_allocator"):
+    if prepared.needs_allocator:
         _set_torch_allocator()
     root = cache.cache_root()
     aot, why = load_cached_kernels(module, prepared.kernels, root)
