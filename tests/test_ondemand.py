@@ -207,19 +207,30 @@ def test_dispatcher_generates_from_the_repository_spec(monkeypatch: pytest.Monke
 # real compiles (no GPU needed) and the cache
 
 
-def _prepare_in_subprocess(spec_path: Path, v: Variant, target: str, cache_dir: Path) -> dict[str, Any]:
-    code = (
-        "import json, sys; from dplr_gen import ondemand; from dplr_gen.spec import load_spec; "
-        "from dplr_gen.variant import Variant; "
-        "p = ondemand.prepare(load_spec(sys.argv[1]), Variant(**json.loads(sys.argv[2])), sys.argv[3]); "
-        "print(json.dumps({'stats': dict(ondemand.STATS), 'compiled': p.compiled, 'kernels': p.kernels}))"
-    )
+PREPARE = (
+    "import json, sys; from dplr_gen import ondemand; from dplr_gen.spec import load_spec; "
+    "from dplr_gen.variant import Variant; "
+    "p = ondemand.prepare(load_spec(sys.argv[1]), Variant(**json.loads(sys.argv[2])), sys.argv[3]); "
+    "print(json.dumps({'stats': dict(ondemand.STATS), 'compiled': p.compiled, 'kernels': p.kernels}))"
+)
+
+
+def _start_prepare(spec_path: Path, v: Variant, target: str, cache_dir: Path) -> subprocess.Popen[str]:
+    """ondemand.prepare in a fresh process (no interpreter) with its own cache folder."""
     env = {**os.environ, "DPLR_GEN_CACHE_DIR": str(cache_dir)}
     env.pop("TRITON_INTERPRET", None)
-    out = subprocess.run([sys.executable, "-c", code, str(spec_path), json.dumps(v.params()), target],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, "-c", PREPARE, str(spec_path), json.dumps(v.params()), target],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _result(p: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _prepare_in_subprocess(spec_path: Path, v: Variant, target: str, cache_dir: Path) -> dict[str, Any]:
+    return _result(_start_prepare(spec_path, v, target, cache_dir))
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90"])
@@ -245,21 +256,8 @@ def test_odd_dims_compile_and_a_second_process_compiles_nothing(pkg, tmp_path: P
 def test_two_processes_generating_at_once_compile_once(pkg, tmp_path: Path) -> None:
     spec_path = pkg.dir.parent / "ondemand_test.yaml"
     v = Variant("fused_recurrent", "fp16", "fp32", 20, 28, None, False, None, "fp32", None)
-    code = (
-        "import json, sys; from dplr_gen import ondemand; from dplr_gen.spec import load_spec; "
-        "from dplr_gen.variant import Variant; "
-        "p = ondemand.prepare(load_spec(sys.argv[1]), Variant(**json.loads(sys.argv[2])), 'sm_80'); "
-        "print(json.dumps({'compiled': p.compiled, 'kernels': p.kernels}))"
-    )
-    env = {**os.environ, "DPLR_GEN_CACHE_DIR": str(tmp_path)}
-    env.pop("TRITON_INTERPRET", None)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(spec_path), json.dumps(v.params())],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    procs = [_start_prepare(spec_path, v, "sm_80", tmp_path) for _ in range(2)]
+    results = [_result(p) for p in procs]
     assert sorted(r["compiled"] for r in results) == [0, len(results[0]["kernels"])]
     assert results[0]["kernels"] == results[1]["kernels"]
 
