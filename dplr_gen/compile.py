@@ -52,7 +52,8 @@ class CompileOutcome:
     ok: bool
     kernels: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
-    over_smem: list[str] = field(default_factory=list)  # kernels refused for their shared memory alone
+    failed: list[str] = field(default_factory=list)  # kernels that compiled but failed a check
+    over_smem: list[str] = field(default_factory=list)  # those of them refused for their shared memory alone
     compiled: list[str] = field(default_factory=list)  # kernels this job compiled (the rest: found in the cache)
 
 
@@ -125,12 +126,13 @@ def run_job(job: CompileJob) -> CompileOutcome:
                             f"TTGIR holds {len(conv)} conversion(s) between MMA layouts, {MMA_CONVERSION_HINT}: "
                             + conv[0].strip()[:300]
                         )
-                if problems:
+                if problems:  # the other kernels are still compiled: every failing one is named
                     out.ok = False
+                    out.failed.append(name)
                     if len(problems) == 1 and res.shared > job.smem_limit:
                         out.over_smem.append(name)
-                    out.error = f"kernel {name}: " + "; ".join(problems)
-                    return out
+                    out.error = "; ".join(filter(None, [out.error, f"kernel {name}: " + "; ".join(problems)]))
+                    continue
                 meta = {
                     "kernel": name, "key": key, "unit": job.unit, "target": job.target,
                     "shared": res.shared, "num_warps": module.LAUNCH[name]["num_warps"],

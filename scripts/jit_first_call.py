@@ -1,6 +1,7 @@
 """Time to the first result of a variant generated on demand, and that the next process pays none of it (GPU).
 
     python scripts/jit_first_call.py OUT.json [--cases chunk:bf16:96:96:-0.61,chunk:bf16:100:60:none] [--shape 2x512x4]
+                                              [--jobs 0,1]
 
 For each case (op:dtype:K:V:lower_bound, none = any gate) two fresh processes run one after the other with the
 same empty DPLR_GEN_CACHE_DIR (and each its own empty TRITON_CACHE_DIR): the first calls ``dplr_gen.<op>``
@@ -10,7 +11,9 @@ second does the same and must find everything in the cache. Each child reports t
 forward+backward (synchronised), what dplr_gen.ondemand did (kernels compiled, compile subprocesses, cache
 hits), the log line it emitted, and the relative errors of the output, final state and every gradient against
 the float64 reference. Writes JSON to OUT.json; exit 1 if a second process compiled anything or an error is
-over its bound (bf16/fp16: 1e-2, fp32: 1e-4).
+over its bound (bf16/fp16: 1e-2, fp32: 1e-4). ``--jobs``: the compile processes of the first child
+(DPLR_GEN_JIT_JOBS; 0: one per CPU, the default), each case run once per value, to measure what compiling the
+kernels side by side buys.
 """
 
 from __future__ import annotations
@@ -67,9 +70,10 @@ print("RESULT " + json.dumps({
 """
 
 
-def run_child(case: str, shape: str, cache_dir: str, device: str) -> dict:
+def run_child(case: str, shape: str, cache_dir: str, device: str, jobs: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="triton-cache-") as tcache:
-        env = {**os.environ, "DPLR_GEN_CACHE_DIR": cache_dir, "TRITON_CACHE_DIR": tcache}
+        env = {**os.environ, "DPLR_GEN_CACHE_DIR": cache_dir, "TRITON_CACHE_DIR": tcache,
+               "DPLR_GEN_JIT_JOBS": str(jobs)}
         for var in ("DPLR_GEN_NO_JIT", "TRITON_INTERPRET"):
             env.pop(var, None)
         if device == "cpu":
@@ -89,27 +93,29 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--cases", default="chunk:bf16:96:96:-0.61,chunk:bf16:100:60:none,chunk:fp16:60:60:none")
     ap.add_argument("--shape", default="2x512x4", help="BxTxH")
+    ap.add_argument("--jobs", default="0,1", help="compile processes of the first child, per run (0: one per CPU)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test (interpreter)")
     args = ap.parse_args()
     results = []
     failed = False
     for case in args.cases.split(","):
-        with tempfile.TemporaryDirectory(prefix="dplr-gen-jit-") as cache_dir:
-            first = run_child(case, args.shape, cache_dir, args.device)
-            second = run_child(case, args.shape, cache_dir, args.device)
-        bound = 1e-4 if ":fp32:" in case else 1e-2
-        checks = {
-            "first_ran": first.get("ok", False) and first["ondemand"].get("compiled_kernels", 0) > 0,
-            "second_compiled_nothing": second.get("ok", False) and not second["ondemand"].get("compile_jobs")
-            and not second["ondemand"].get("compiled_kernels"),
-            "errors_within_bound": all(r.get("ok") and max(r["errors"].values()) <= bound for r in (first, second)),
-        }
-        failed |= not all(checks.values())
-        results.append({"case": case, "shape": args.shape, "first_process": first, "second_process": second,
-                        "checks": checks, "error_bound": bound})
-        print(json.dumps({"case": case, **checks,
-                          "first_fwd_bwd_s": first.get("first_fwd_bwd_s"),
-                          "second_fwd_bwd_s": second.get("first_fwd_bwd_s")}), flush=True)
+        for jobs in (int(j) for j in args.jobs.split(",")):
+            with tempfile.TemporaryDirectory(prefix="dplr-gen-jit-") as cache_dir:
+                first = run_child(case, args.shape, cache_dir, args.device, jobs)
+                second = run_child(case, args.shape, cache_dir, args.device, jobs)
+            bound = 1e-4 if ":fp32:" in case else 1e-2
+            checks = {
+                "first_ran": first.get("ok", False) and first["ondemand"].get("compiled_kernels", 0) > 0,
+                "second_compiled_nothing": second.get("ok", False) and not second["ondemand"].get("compile_jobs")
+                and not second["ondemand"].get("compiled_kernels"),
+                "errors_within_bound": all(r.get("ok") and max(r["errors"].values()) <= bound for r in (first, second)),
+            }
+            failed |= not all(checks.values())
+            results.append({"case": case, "shape": args.shape, "jit_jobs": jobs, "first_process": first,
+                            "second_process": second, "checks": checks, "error_bound": bound})
+            print(json.dumps({"case": case, "jit_jobs": jobs, **checks,
+                              "first_fwd_bwd_s": first.get("first_fwd_bwd_s"),
+                              "second_fwd_bwd_s": second.get("first_fwd_bwd_s")}), flush=True)
     import torch
     import triton
 
