@@ -21,7 +21,7 @@ from filelock import FileLock, Timeout
 from packaging.version import Version
 
 from . import cache
-from .compile import Cancel, CompileJob, CompileOutcome, run_in_subprocess
+from .compile import Cancel, CompileOutcome, job_for, run_in_subprocess
 from .render import GENERATOR_VERSION, TEMPLATE_FOR_OP, render_template, render_unit, source_hash
 from .spec import Spec, load_spec
 from .variants import BuildUnit, Filtered, build_units
@@ -245,15 +245,8 @@ def _compile_and_record(
     """Compile every unit (in subprocesses, ``jobs`` at once) into the cache, then write the manifest last.
     Call under the package's lock."""
     tv = str(p.triton_version)
-    job_list = [
-        CompileJob(
-            unit=u.name, source=str(p.out_dir / p.unit_files[u.name]),
-            source_hash=source_hash(p.files[p.unit_files[u.name]]), target=u.target, cc=u.arch.cc,
-            smem_limit=u.arch.smem_per_block, check_mma=u.arch.mma != "v2", triton_version=tv,
-            cache_root=str(root), force=force,
-        )
-        for u in p.units
-    ]
+    job_list = [job_for(u, p.out_dir / p.unit_files[u.name], p.files[p.unit_files[u.name]], root, tv, force=force)
+                for u in p.units]
     report.recompiled = force
     if on_progress:
         on_progress("", 0, len(job_list))

@@ -44,6 +44,7 @@ class CompileJob:
     triton_version: str
     cache_root: str
     force: bool = False  # compile even where the cache holds the kernel, and replace the entry
+    kernels: list[str] | None = None  # compile only these of the source's kernels (None: all)
 
 
 @dataclass
@@ -53,6 +54,21 @@ class CompileOutcome:
     ok: bool
     kernels: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    failed: list[str] = field(default_factory=list)  # kernels that compiled but failed a check
+    over_smem: list[str] = field(default_factory=list)  # those of them refused for their shared memory alone
+    compiled: list[str] = field(default_factory=list)  # kernels this job compiled (the rest: found in the cache)
+
+
+def job_for(unit: Any, source: str | Path, text: str, root: Path, triton_version: str,
+            kernels: list[str] | None = None, force: bool = False) -> CompileJob:
+    """The compile job of build unit ``unit`` (variants.BuildUnit) whose rendered ``text`` is at ``source``."""
+    from .render import source_hash
+
+    return CompileJob(
+        unit=unit.name, source=str(source), source_hash=source_hash(text), target=unit.target, cc=unit.arch.cc,
+        smem_limit=unit.arch.smem_per_block, check_mma=unit.arch.mma != "v2", triton_version=triton_version,
+        cache_root=str(root), kernels=kernels, force=force,
+    )
 
 
 def import_source(path: str | Path, module_name: str) -> ModuleType:
@@ -82,7 +98,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
     module = import_source(job.source, f"dplr_gen_build_{job.unit}")
     root = Path(job.cache_root)
     out = CompileOutcome(job.unit, job.target, ok=True)
-    for name in module.SIGNATURES:
+    for name in job.kernels if job.kernels is not None else module.SIGNATURES:
         key = kernel_cache_key(job.source_hash, name, module, job.cc, job.triton_version)
         with cache.locked(key, job.triton_version, root):
             meta = None if job.force else cache.read_entry(key, job.triton_version, root)
@@ -112,10 +128,13 @@ def run_job(job: CompileJob) -> CompileOutcome:
                             f"TTGIR holds {len(conv)} conversion(s) between MMA layouts, {MMA_CONVERSION_HINT}: "
                             + conv[0].strip()[:300]
                         )
-                if problems:
+                if problems:  # the other kernels are still compiled: every failing one is named
                     out.ok = False
-                    out.error = f"kernel {name}: " + "; ".join(problems)
-                    return out
+                    out.failed.append(name)
+                    if len(problems) == 1 and res.shared > job.smem_limit:
+                        out.over_smem.append(name)
+                    out.error = "; ".join(filter(None, [out.error, f"kernel {name}: " + "; ".join(problems)]))
+                    continue
                 meta = {
                     "kernel": name, "key": key, "unit": job.unit, "target": job.target,
                     "shared": res.shared, "num_warps": module.LAUNCH[name]["num_warps"],
@@ -125,6 +144,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
                     "triton_metadata": res.metadata,
                 }
                 cache.write_entry(key, job.triton_version, res.files, meta, root, replace=job.force)
+                out.compiled.append(name)
             out.kernels.append({k: meta[k] for k in meta if k != "triton_metadata"})
     return out
 

@@ -19,6 +19,7 @@ import torch
 
 from . import fused_recurrent_driver
 from .gate_check import check_lower_bound
+from .variant import HEAD_DIM_MAX, HEAD_DIM_MIN
 
 if TYPE_CHECKING:
     from .runtime import SpecPackage
@@ -57,6 +58,9 @@ def _check_inputs(
     if v.dim() != 4 or tuple(v.shape[:3]) != (B, T, H):
         raise ValueError(f"{v_name} must be [B, T, H, V] with B, T, H = {(B, T, H)}, got {tuple(v.shape)}")
     V = v.shape[3]
+    for n, dim, d in ((q_name, "K", K), (v_name, "V", V)):
+        if not HEAD_DIM_MIN <= d <= HEAD_DIM_MAX:
+            raise ValueError(f"{n} has head dim {dim} = {d} (its last dim); valid: {HEAD_DIM_MIN} to {HEAD_DIM_MAX}")
     if T == 0:
         raise ValueError(f"{q_name} has T = 0 tokens; at least one is needed")
     dev = q.device
@@ -134,7 +138,8 @@ def _select(
     pkg_dir: str, op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
     chunk_size: int | None = None, lower_bound: float | None = None, gate_dtype: torch.dtype | None = None,
 ) -> str:
-    """The best built variant that honours the request exactly; otherwise a ValueError listing what exists.
+    """The best built variant that honours the request exactly; otherwise one generated on demand from the
+    package's spec (dplr_gen.ondemand; with DPLR_GEN_NO_JIT=1 a ValueError naming the spec entry to add).
     ``gate_dtype``: the dtype gk arrives in (None: any; an fp32-gate variant is preferred).
     Memoised per request (a package's variants do not change within a process; errors are not kept)."""
     return _select_cached(pkg_dir, op, dtype, K, V, varlen, chunk_size, lower_bound, gate_dtype)
@@ -163,17 +168,10 @@ def _select_cached(
     ]
     # a variant built for bound L is safe for every gate >= L, so it serves a promise lower_bound >= L
     safe = [(n, v) for n, v in same if v.gate_bound is None or (lower_bound is not None and v.gate_bound <= lower_bound)]
-    if not safe:
-        have = sorted({f"{v.op} {v.dtype} K={v.K} V={v.V} {'varlen' if v.varlen else 'dense'} gk {v.gate_dtype}"
-                       + ("" if v.gate_bound is None else f" gate>={v.gate_bound}") for v in package.variants.values()})
-        want = f"{op} {dname} K={K} V={V} {'varlen' if varlen else 'dense'}" + ("" if gname is None else f" gk {gname}")
-        extra = "" if lower_bound is None else f" with gates >= {lower_bound}"
-        raise ValueError(
-            f"no built variant of spec {package.name!r} ({package.spec_file}) computes {want}{extra}. Built: "
-            f"{'; '.join(have) or 'none'}. To add it, put head_dims [[{K}, {V}]] / dtype {dname} / varlen "
-            f"{str(varlen).lower()} in a variant group of {package.spec_file} (gate_dtype fp32 takes gk of any "
-            f"dtype) and run `dplr-gen build {package.spec_file}`"
-        )
+    if not safe:  # generated from the package's spec (or, with DPLR_GEN_NO_JIT=1, an error naming its entry)
+        from . import ondemand
+
+        return ondemand.provide(package, op, dname, K, V, varlen, lower_bound, gname)
 
     def rank(item: tuple[str, Any]) -> tuple[int, int, int, int, str]:
         n, v = item
@@ -426,6 +424,12 @@ def _run(
     if lower_bound is not None:  # a broken promise would give finite, wrong numbers (gate_check)
         check_lower_bound(tensors[5], lower_bound)
     q, k, v, a, b, g = tensors
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+        # Triton's interpreter computes bf16 dots wrongly (off by orders of magnitude): run on float32 copies
+        # and round the output to bf16; autograd rounds the gradients back to the inputs' dtypes
+        o, ht = _run(op, package, names, tuple(t.float() for t in tensors), scale, initial_state,
+                     output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, keep_states)
+        return o.to(torch.bfloat16), ht
     variant = variant_for(package, op, q, v, g, cu_seqlens, chunk_size, lower_bound)
     var = package.variants[variant]
     g = g.to(TORCH_DTYPES[var.gate_dtype])
@@ -459,13 +463,19 @@ def chunk_dplr_delta_rule(
     disable_recompute: bool = False, **unexpected: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked DPLR delta rule. ``lower_bound`` promises gk >= lower_bound and selects a faster variant built
-    for a bound at or below it; ``chunk_size`` prefers a variant of that chunk (results differ only by
-    rounding); ``disable_recompute=True`` keeps the chunk-start states and U of the forward for the backward
+    for a bound at or below it; ``chunk_size`` prefers a variant of that chunk where one is built and is
+    otherwise ignored (chunking is an implementation detail: results differ only by rounding; a variant
+    generated on demand takes the spec's usual chunk); a call no built variant covers (any K, V from 16 to 256)
+    gets its variant generated on demand from the package's spec (dplr_gen.ondemand: rendered, compiled once
+    into the cache, one log line naming the spec entry that would ship it; DPLR_GEN_NO_JIT=1 makes that an
+    error); bf16 on CPU tensors (Triton's interpreter, whose bf16 dots are wrong) computes in float32 and
+    rounds the output to bf16; ``disable_recompute=True`` keeps the chunk-start states and U of the forward for the backward
     instead of recomputing them ([T/C, H, K, V] per sequence: faster backward, more memory; same result), and in
     eager mode the backward's prep too (~5 [B, T, H, K] tensors more until the backward); only where a backward
     can follow (grad mode on, an input that requires grad): otherwise it changes nothing;
-    ``safe_gate`` is accepted for fla compatibility and changes nothing. The promise is checked (one reduction
-    over gk; on a GPU without a host sync: see dplr_gen.gate_check, and DPLR_GEN_CHECK_LOWER_BOUND=0 to skip it).
+    ``safe_gate`` (fla's promise that gk >= -5) is accepted for fla compatibility and changes nothing (pass
+    ``lower_bound`` to select a bounded variant). The ``lower_bound`` promise is checked (one reduction over gk; on
+    a GPU without a host sync: see dplr_gen.gate_check, and DPLR_GEN_CHECK_LOWER_BOUND=0 to skip it).
     ``initial_state`` may be float32 or a lower precision (bf16, fp16): the state is computed and returned in
     float32 either way, and its gradient comes back in initial_state's dtype."""
     if unexpected:

@@ -144,6 +144,35 @@ class KernelSet:
         return _Jit()
 
 
+def interpreted_kernel_set(module: Any) -> KernelSet:
+    """A rendered module's kernels run by Triton's interpreter (CPU tensors)."""
+    from . import triton_compat
+
+    # before the first interpreted kernel: the interpreter may leave triton.language patched, and a later
+    # ahead-of-time compile in this process restores it from this clean snapshot
+    triton_compat.snapshot_language()
+    interpreter_numpy_compat()
+    return KernelSet(module, None)
+
+
+def load_cached_kernels(module: Any, records: list[tuple[str, str]], root: Path) -> tuple[dict[str, Any] | None, str]:
+    """The kernels (name, cache key) of ``records`` from dplr-gen's cache under ``root`` for this process's Triton
+    release, launchable without compiling; or None and why not."""
+    from . import triton_compat
+
+    installed = str(triton_compat.triton_version())
+    out: dict[str, Any] = {}
+    for name, key in records:
+        meta = cache.read_entry(key, installed, root)
+        if meta is None:
+            return None, f"its cache entry for {name} is missing under {root}"
+        out[name] = triton_compat.load_kernel(
+            getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
+            cache.entry_dir(key, installed, root), meta["triton_metadata"].get("hash", key),
+        )
+    return out, ""
+
+
 class SpecPackage:
     """One generated/<spec>/ folder: its index, its manifest, and the kernel sets it can provide."""
 
@@ -199,17 +228,27 @@ class SpecPackage:
                 self._kernel_sets[key] = self._load(variant, target)
             return self._kernel_sets[key]
 
+    def add_variant(self, v: Variant) -> str:
+        """Make variant ``v`` (one generated on demand, dplr_gen.ondemand) selectable in this process; its name."""
+        with self._lock:
+            self.variants.setdefault(v.name, v)
+        return v.name
+
+    def built(self, variant: str) -> bool:
+        """Whether ``variant`` is one of the package's own (its index), not generated on demand."""
+        return variant in self.index["variants"]
+
     def _load(self, variant: str, target: str) -> KernelSet:
+        if not self.built(variant):
+            from . import ondemand
+
+            return ondemand.kernel_set(self, self.variants[variant], target)
         entry = self.index["variants"][variant]["targets"][target]
         module = self._import_unit(entry)
         from . import triton_compat
 
         if interpreting():
-            # before the first interpreted kernel: the interpreter may leave triton.language patched, and
-            # a later ahead-of-time compile in this process restores it from this clean snapshot
-            triton_compat.snapshot_language()
-            interpreter_numpy_compat()
-            return KernelSet(module, None)
+            return interpreted_kernel_set(module)
         if self.index.get("triton_version") != str(triton_compat.triton_version()):
             # rendered for another release: its sources may lack a workaround this one needs (the registry is
             # read only here, so a prebuilt package's cold start does not import pydantic and yaml)
@@ -237,6 +276,8 @@ class SpecPackage:
     def prebuilt(self, variant: str, target: str) -> bool:
         """Whether the last build of this package on this machine, with this process's Triton release, compiled
         ``variant`` for ``target`` (its kernels then load without compiling)."""
+        if not self.built(variant):  # generated on demand: loaded from the cache, never a manifest's
+            return False
         unit = self.index["variants"][variant]["targets"].get(target, {}).get("unit")
         return not self._not_built(self.manifest(), unit)
 
@@ -263,25 +304,12 @@ class SpecPackage:
     def _load_aot(self, module: Any, unit: str, manifest: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
         """The unit's kernels from the cache entries ``manifest`` (this package's, as read by the caller) names,
         or None and why not."""
-        from . import triton_compat
-
         why = self._not_built(manifest, unit)
         if why:
             return None, why
         assert manifest is not None  # _not_built says why otherwise
-        installed = str(triton_compat.triton_version())
-        out: dict[str, Any] = {}
-        root = self._cache_root(manifest)
-        for rec in manifest["units"][unit]["kernels"]:
-            name = rec["kernel"]
-            meta = cache.read_entry(rec["key"], installed, root)
-            if meta is None:
-                return None, f"its cache entry for {name} is missing under {root}"
-            out[name] = triton_compat.load_kernel(
-                getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
-                cache.entry_dir(rec["key"], installed, root), meta["triton_metadata"].get("hash", rec["key"]),
-            )
-        return out, ""
+        records = [(rec["kernel"], rec["key"]) for rec in manifest["units"][unit]["kernels"]]
+        return load_cached_kernels(module, records, self._cache_root(manifest))
 
     def _cache_root(self, manifest: dict[str, Any]) -> Path:
         return Path(manifest.get("cache_root") or cache.cache_root())

@@ -13,11 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import yaml_marks
 from .arch import UnknownArchError, get_arch
+from .variant import HEAD_DIM_MAX, HEAD_DIM_MIN
 
 DType = Literal["bf16", "fp16", "fp32"]
 Op = Literal["chunk", "fused_recurrent"]
 ChunkSize = Literal[16, 32, 64]
-HeadDim = Annotated[int, Field(ge=16, le=256)]
+HeadDim = Annotated[int, Field(ge=HEAD_DIM_MIN, le=HEAD_DIM_MAX)]
 
 # Stages (one kernel each) that tuning may name, per op; templates read knobs by these names.
 STAGES: dict[str, tuple[str, ...]] = {

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# head dims K and V any variant may have (the templates' tiles are powers of two from 16 to 256, masked)
+HEAD_DIM_MIN, HEAD_DIM_MAX = 16, 256
+
 
 @dataclass(frozen=True)
 class Variant:

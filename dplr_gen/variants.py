@@ -55,6 +55,11 @@ _RULES: list[tuple[Any, str]] = [
 ]
 
 
+def filtered_reason(v: Variant) -> str | None:
+    """Why a spec's axes would drop ``v`` (a combination that adds nothing or cannot be built), else None."""
+    return next((r for pred, r in _RULES if pred(v)), None)
+
+
 def expand(spec: Spec) -> tuple[list[Variant], list[Filtered]]:
     """All variants of a spec in a stable order, and what was filtered out with the reason."""
     seen: dict[str, Variant] = {}
@@ -63,7 +68,7 @@ def expand(spec: Spec) -> tuple[list[Variant], list[Filtered]]:
         for v in _axes_product(axes):
             if v.name in seen or v.name in filtered:
                 continue
-            reason = next((r for pred, r in _RULES if pred(v)), None)
+            reason = filtered_reason(v)
             if reason is None:
                 seen[v.name] = v
             else:
@@ -90,8 +95,11 @@ class BuildUnit:
         return f"{self.variant.name}__{self.target}"
 
 
-def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, Any]) -> dict[str, Knobs]:
-    """Knobs per stage: arch defaults < spec tuning < target_tuning < matching variant_tuning rules < quirk caps."""
+def _resolve_knobs(
+    spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, Any], lenient: bool = False
+) -> dict[str, Knobs]:
+    """Knobs per stage: arch defaults < spec tuning < target_tuning < matching variant_tuning rules < quirk caps.
+    ``lenient``: knobs the variant cannot take (states_every, segments) are dropped instead of raising."""
     params = {**v.params(), "target": arch.target}
     rules = [r.tuning for r in spec.variant_tuning if when_matches(r.when, params)]
     out: dict[str, Knobs] = {}
@@ -115,9 +123,15 @@ def _resolve_knobs(spec: Spec, arch: ArchProfile, v: Variant, limits: dict[str, 
                 merged["num_warps"] = min(merged["num_warps"], cap)
         out[stage] = Knobs(**merged)
     if v.op == "chunk":
-        check_states_every(v, out["bwd"])
-        for stage in ("fwd_small", "bwd_dh_small"):
-            check_segments(v, stage, out.get(stage))
+        checks = [("bwd", "states_every", lambda: check_states_every(v, out["bwd"]))]
+        checks += [(st, "segments", lambda st=st: check_segments(v, st, out.get(st))) for st in ("fwd_small", "bwd_dh_small")]
+        for stage, knob, check in checks:
+            try:
+                check()
+            except SpecError:
+                if not lenient:
+                    raise
+                out[stage] = out[stage].model_copy(update={knob: None})
     return out
 
 
@@ -216,6 +230,32 @@ def unit_flags(
     return flags, limits, applied, refusal
 
 
+def unit_for(
+    spec: Spec, arch: ArchProfile, triton_version: Version, v: Variant, lenient: bool = False
+) -> BuildUnit | Filtered:
+    """Variant ``v`` of ``spec`` for one target: its build unit (flags, resolved knobs), or why it is refused.
+    ``lenient`` (variants generated on demand, which no one wrote the spec's rules for): a stage-only knob that a
+    matching rule sets but this variant cannot take (e.g. the Gluon token pass at K != 64, 128) is dropped
+    instead of being a SpecError."""
+    flags, limits, applied, refusal = unit_flags(arch, triton_version, v)
+    what = f"{v.name}__{arch.target}"
+    unfit = next((why(v, arch) for pred, why in _TARGET_RULES if pred(v, arch)), None)
+    if refusal is not None or unfit is not None:
+        return Filtered(what, refusal if refusal is not None else unfit)
+    tune = _resolve_knobs(spec, arch, v, limits, lenient)
+    if v.op == "chunk" and tune["bwd"].gluon and triton_version in GLUON_TRITON:
+        # checked only where the Gluon form is built: elsewhere the knob is a no-op, and a quirk of an
+        # older release may cap the stage's warps below the Gluon kernel's 4
+        try:
+            check_gluon(v, tune["bwd"])
+            flags["gluon_token_pass"] = True
+        except SpecError:
+            if not lenient:
+                raise
+            tune["bwd"] = tune["bwd"].model_copy(update={"gluon": None})
+    return BuildUnit(v, arch, flags, tune, tuple(applied))
+
+
 def build_units(
     spec: Spec, triton_version: Version
 ) -> tuple[list[BuildUnit], list[Filtered]]:
@@ -226,19 +266,6 @@ def build_units(
     for target in spec.targets:
         arch = get_arch(target)
         for v in variants:
-            flags, limits, applied, refusal = unit_flags(arch, triton_version, v)
-            what = f"{v.name}__{target}"
-            unfit = next((why(v, arch) for pred, why in _TARGET_RULES if pred(v, arch)), None)
-            if refusal is not None:
-                refused.append(Filtered(what, refusal))
-            elif unfit is not None:
-                refused.append(Filtered(what, unfit))
-            else:
-                tune = _resolve_knobs(spec, arch, v, limits)
-                if v.op == "chunk" and tune["bwd"].gluon and triton_version in GLUON_TRITON:
-                    # checked only where the Gluon form is built: elsewhere the knob is a no-op, and a quirk of an
-                    # older release may cap the stage's warps below the Gluon kernel's 4
-                    check_gluon(v, tune["bwd"])
-                    flags["gluon_token_pass"] = True
-                units.append(BuildUnit(v, arch, flags, tune, tuple(applied)))
+            u = unit_for(spec, arch, triton_version, v)
+            (units if isinstance(u, BuildUnit) else refused).append(u)  # type: ignore[arg-type]
     return units, refused

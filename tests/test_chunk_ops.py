@@ -364,17 +364,22 @@ def test_gate_read_in_its_own_dtype_gives_the_same_bits(tmp_path) -> None:
         assert rel_err(g, rg[n]) <= 3e-3, n
 
 
-def test_gate_dtype_that_no_variant_reads_is_named(tmp_path) -> None:
+def test_gate_dtype_that_no_variant_reads_is_named(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A package whose only variants read gk in fp16 does not take an fp32 gk (rounding it would change the
-    result): the error names the request's gate dtype and the way out."""
+    result): an fp32-gate variant is generated on demand; with DPLR_GEN_NO_JIT=1 the error names the request's
+    gate dtype and the spec entry (an fp32-gate group) that ships it."""
     header, _fp32_group, same_group = GATE_SPEC.split("  - ops: [chunk]\n")
     narrow = render_package(tmp_path, header.replace("gate_dtype_test", "gate_narrow") + "  - ops: [chunk]\n"
                             + same_group, "gate_narrow")
     assert {v.gate_dtype for v in narrow.variants.values()} == {"fp16"}
     assert narrow.variants[ops._select(str(narrow.dir), "chunk", torch.float16, 32, 32, False, None, -0.61,
                                        torch.float16)].gate_dtype == "fp16"
-    with pytest.raises(ValueError, match=r"fp16 K=32 V=32 dense gk fp32 with gates >= -0.61.*gk fp16.*gate_dtype fp32"):
+    monkeypatch.setenv("DPLR_GEN_NO_JIT", "1")
+    with pytest.raises(ValueError, match=r"fp16 K=32 V=32 dense gk fp32 with gates >= -0.61.*gate_bounds: \[-0.61\]\}"):
         ops._select(str(narrow.dir), "chunk", torch.float16, 32, 32, False, None, -0.61, torch.float32)
+    monkeypatch.delenv("DPLR_GEN_NO_JIT")
+    generated = ops._select(str(narrow.dir), "chunk", torch.float16, 32, 32, False, None, -0.61, torch.float32)
+    assert not narrow.built(generated) and narrow.variants[generated].gate_dtype == "fp32"
 
 
 @pytest.mark.parametrize("keep_states", [False, True])
