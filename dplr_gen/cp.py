@@ -1,0 +1,613 @@
+"""Context parallelism: one packed batch of sequences split over the ranks of a torch.distributed group.
+
+Call pattern (fla-core's): ``ctx = build_cp_context(cu_seqlens, group)`` with the global sequence boundaries of a
+packed batch (B = 1); rank r holds tokens [r T_local, (r + 1) T_local) of it, T_local = T_global / world_size, and
+calls ``chunk_rwkv7(..., cp_context=ctx)`` / ``chunk_dplr_delta_rule(..., cp_context=ctx)`` on its [1, T_local, H, K]
+tensors (no ``cu_seqlens``: the context holds the rank's own).
+
+How (MATH.md's recurrence): a rank's slice of a sequence maps the state entering it affinely to the state leaving it,
+S_out = P S_in + L. Forward: each rank writes the summary [L | P] ([H, K, V + K] fp32) of the sequence leaving it
+(the sequence's final state here and P = 0 where that sequence starts on this rank, so that the fold restarts there
+with its initial state), one all_gather, then each rank folds its predecessors' summaries into the state entering
+its first sequence and runs the op on its slice. Backward mirrors it: each rank computes the gradient reaching the
+state entering its slice from its own outputs alone (dS_out = 0), one all_gather, and folds its successors' into
+the gradient reaching the state leaving its slice (dS_out = P^T dS_out' + G), then runs its backward with it. Each
+rank's backward thus sees the true entering state and the true gradient of its leaving state, so every gradient
+is the single-process op's (the summaries only carry values between ranks; they need no gradient of their own).
+
+Work per call, beyond the one-process op on the same tokens: where one sequence spans a rank's slice, that slice's
+map [L | P] (the segmented state passes' map kernels, run over every segment instead of all but one, so the walk's
+latency is one segment's where the op's rule splits the slice, else a whole walk with V + K columns), and in the
+backward the gradient map of the first segment (one segment's reverse walk); a sequence that starts on a rank and
+leaves it has its forward run before the exchange, the rest after it (no work twice). Bytes: each rank sends
+H K (V + K) 4 bytes in the forward and H K V 4 in the backward (and 80 bytes of shape check per forward), and
+receives world_size - 1 times that.
+
+What each rank returns: o for its own tokens; with ``output_final_state`` a [N_global, H, K, V] fp32 tensor holding
+the final states of the sequences that end on this rank and zeros elsewhere (summing it over the ranks, e.g.
+``torch.distributed.all_reduce``, gives every sequence's final state; each sequence ends on exactly one rank). The
+gradient of ``initial_state`` ([N_global, H, K, V], the same on every rank) holds the entries of the sequences that
+start on this rank and zeros elsewhere: sum it over the ranks (as data-parallel gradient reduction does) for the
+total. Every rank must run every call and backpropagate through it (the backward holds a collective).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import struct
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import chunk_driver as cd
+
+if TYPE_CHECKING:
+    from .runtime import SpecPackage
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CPContext:
+    """One rank's view of a packed batch split over ``group`` (from build_cp_context). ``cu_seqlens`` /
+    ``cu_seqlens_cpu``: the rank's own sequence boundaries (int64, local token indices); ``pieces``: per local
+    sequence (global sequence index, first local token, end local token); ``enters`` / ``leaves``: per rank, whether
+    a sequence crosses its left / right boundary; ``first_rank`` / ``last_rank``: per rank, where the sequence
+    crossing its left / right boundary starts / ends."""
+
+    group: Any
+    rank: int
+    world_size: int
+    offsets: tuple[int, ...]
+    T_local: int
+    cu_seqlens: torch.Tensor
+    cu_seqlens_cpu: torch.Tensor
+    pieces: tuple[tuple[int, int, int], ...]
+    enters: tuple[bool, ...]
+    leaves: tuple[bool, ...]
+    first_rank: tuple[int, ...]
+    last_rank: tuple[int, ...]
+    key: int
+
+    # fla-core's FLACPContext fields, for callers that read them
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_last_rank(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    @property
+    def pre_num_ranks(self) -> int:
+        """Ranks before this one that the sequence entering it spans (0 if none enters)."""
+        return self.rank - self.first_rank[self.rank] if self.enters[self.rank] else 0
+
+    @property
+    def post_num_ranks(self) -> int:
+        """Ranks after this one that the sequence leaving it spans (0 if none leaves)."""
+        return self.last_rank[self.rank] - self.rank if self.leaves[self.rank] else 0
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.offsets) - 1
+
+
+def build_cp_context(cu_seqlens: torch.Tensor, group: Any = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+                     **fla_only: Any) -> CPContext:
+    """The context of this rank for a packed batch with global boundaries ``cu_seqlens`` (int32/int64 [N + 1], from
+    0 to T_global) split over ``group`` (default: the world): rank r holds tokens [r T_local, (r + 1) T_local),
+    T_local = T_global / world_size. ``cu_seqlens_cpu``: the same values on the host, if the caller has them (saves
+    a device read). fla's ``conv1d_kernel_size`` is accepted and ignored (no convolution here)."""
+    unknown = set(fla_only) - {"conv1d_kernel_size"}
+    if unknown:
+        raise TypeError(f"build_cp_context got unexpected keyword argument(s) {sorted(unknown)}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("build_cp_context needs torch.distributed initialised (dist.init_process_group) first")
+    group = dist.group.WORLD if group is None else group
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the given process group")
+    world = dist.get_world_size(group)
+    src = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
+    for name, t in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", src)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D int32 or int64 tensor of global sequence boundaries, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    offsets = tuple(int(x) for x in src.tolist())
+    if len(offsets) < 2 or offsets[0] != 0:
+        raise ValueError(f"cu_seqlens must be [0, ..., T_global] with at least 2 entries, got {list(offsets[:4])}...")
+    if any(y <= x for x, y in zip(offsets, offsets[1:])):
+        raise ValueError("cu_seqlens must be strictly increasing (every sequence needs a token)")
+    if cu_seqlens_cpu is not None and cu_seqlens.numel() != len(offsets):
+        raise ValueError(f"cu_seqlens_cpu has {len(offsets)} entries but cu_seqlens {cu_seqlens.numel()}")
+    total = offsets[-1]
+    if total % world:
+        raise ValueError(f"cu_seqlens total T_global = {total} is not a multiple of the group's world_size = {world} "
+                         "(every rank holds T_global / world_size tokens)")
+    T = total // world
+    bounds = set(offsets)
+    enters = tuple(r > 0 and r * T not in bounds for r in range(world))
+    leaves = tuple(r < world - 1 and (r + 1) * T not in bounds for r in range(world))
+    first_rank, last_rank = [], []
+    for r in range(world):
+        f = r
+        while enters[f]:
+            f -= 1
+        first_rank.append(f)
+        e = r
+        while leaves[e]:
+            e += 1
+        last_rank.append(e)
+    lo, hi = rank * T, (rank + 1) * T
+    pieces = tuple((n, max(s, lo) - lo, min(e, hi) - lo) for n, (s, e) in enumerate(zip(offsets, offsets[1:]))
+                   if s < hi and e > lo)
+    local = [0, *(p[2] for p in pieces)]
+    digest = hashlib.blake2b(struct.pack(f"<{len(offsets) + 1}q", world, *offsets), digest_size=7).digest()
+    return CPContext(
+        group=group, rank=rank, world_size=world, offsets=offsets, T_local=T,
+        cu_seqlens=torch.tensor(local, dtype=torch.int64, device=cu_seqlens.device),
+        cu_seqlens_cpu=torch.tensor(local, dtype=torch.int64), pieces=pieces, enters=enters, leaves=leaves,
+        first_rank=tuple(first_rank), last_rank=tuple(last_rank), key=int.from_bytes(digest, "little"),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the exchange
+
+
+def _all_gather(x: torch.Tensor, ctx: CPContext) -> torch.Tensor:
+    """[world_size, *x.shape]: every rank's x (the same shape and dtype on every rank)."""
+    out = [torch.empty_like(x) for _ in range(ctx.world_size)]
+    dist.all_gather(out, x.contiguous(), group=ctx.group)
+    return torch.stack(out)
+
+
+_DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+_FIELDS = ("context (cu_seqlens and world_size)", "rank in the group", "world_size", "H", "K", "V", "dtype of q/k/v/a/b",
+           "dtype of gk", "T_local", "scale")
+
+
+def _check_agreement(ctx: CPContext, info: Optional[dict[str, Any]], err: Optional[Exception]) -> None:
+    """One all_gather of a fixed-size descriptor of every rank's call (and whether its own checks passed), so
+    that ranks whose calls disagree, or one whose arguments were refused, fail with a message on every rank
+    instead of exchanging mismatched summaries or waiting for a rank that left."""
+    mine = [0] * len(_FIELDS)
+    if info is not None:
+        mine = [ctx.key, ctx.rank, ctx.world_size, info["H"], info["K"], info["V"], _DTYPE_CODES[info["dtype"]],
+                _DTYPE_CODES[info["gate_dtype"]], info["T"], struct.unpack("<q", struct.pack("<d", info["scale"]))[0]]
+    mine += [int(info is not None), int(err is None)]
+    nccl = dist.get_backend(ctx.group) == "nccl"
+    dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    rows = _all_gather(torch.tensor(mine, dtype=torch.int64, device=dev), ctx).tolist()
+    # a disagreement first (a refusal on one rank may follow from it), among the ranks whose calls were checked
+    checked = [(r, row) for r, row in enumerate(rows) if row[-2]]
+    for i, name in enumerate(_FIELDS):
+        if i == 1:
+            bad = [r for r, row in checked if row[1] != r]
+            if bad:
+                raise ValueError(f"cp_context: ranks {bad} of the group called with a context built for another group "
+                                 "(its rank does not match the caller's place in this group)")
+            continue
+        vals = [row[i] for _, row in checked]
+        if len(set(vals)) > 1:
+            shown = vals if i != 9 else [struct.unpack("<d", struct.pack("<q", x))[0] for x in vals]
+            raise ValueError(f"context parallelism: the ranks disagree on {name}: {shown} (ranks "
+                             f"{[r for r, _ in checked]}); every rank must call the op with the same context and head "
+                             "sizes, dtypes and scale")
+    if err is not None:
+        raise err
+    failed = [r for r, row in enumerate(rows) if not row[-1]]
+    if failed:
+        raise ValueError(f"context parallelism: rank(s) {failed} of the group refused their arguments (their error "
+                         "says why); this rank's were valid")
+
+
+def _fold_forward(summaries: torch.Tensor, ctx: CPContext, V: int) -> torch.Tensor:
+    """The state [H, K, V] fp32 entering this rank's first sequence, from every rank's summary [L | P]: the fold
+    starts at the rank where that sequence starts (whose summary is its state there, P = 0)."""
+    r = ctx.rank
+    first = ctx.first_rank[r]
+    S = summaries[first, :, :, :V]
+    for j in range(first + 1, r):
+        S = summaries[j, :, :, V:] @ S + summaries[j, :, :, :V]
+    return S
+
+
+def _fold_backward(grads: torch.Tensor, summaries: torch.Tensor, ctx: CPContext, V: int) -> torch.Tensor:
+    """The gradient [H, K, V] fp32 reaching the state leaving this rank's last sequence, from every rank's gradient
+    reaching the state entering its slice from its own outputs (``grads``) and the forward's maps P."""
+    r = ctx.rank
+    last = ctx.last_rank[r]
+    dS = grads[last]
+    for j in range(last - 1, r, -1):
+        dS = summaries[j, :, :, V:].transpose(-1, -2) @ dS + grads[j]
+    return dS
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a sequence that spans the slice: its map from the segmented state passes' kernels
+
+
+def _plan(ks: Any, T: int, H: int, V: int, device: torch.device, option: str) -> tuple[int, int]:
+    """(segments, chunks per segment): the op's own split of this walk (chunk_driver.segments), or one segment."""
+    name = cd.FWD if option == "segments" else cd.BWD_DH
+    small, bv = cd._pass_kernel(ks, name, H, V, device)
+    seg = cd.segments(ks, small, H * cd._cdiv(V, bv), T, device, option)
+    NT = cd._cdiv(T, ks.constexprs(cd.FWD)["BC"])
+    return seg if seg is not None else (1, NT)
+
+
+def _need_maps(ks: Any, var: Any) -> None:
+    missing = [n for n in (cd.SEG_MAPS, cd.SEG_MAPS_BWD, cd.FWD_SEG, cd.BWD_DH_SEG) if not ks.has(n)]
+    if missing:
+        raise ValueError(
+            f"context parallelism: a sequence spans this rank's slice, which needs the segment-map kernels of dense "
+            f"variant {var.name} (missing: {', '.join(missing)}). Give its variant group the tuning "
+            "chunk.fwd_small: {segments: N} and chunk.bwd_dh_small: {segments: N} in the spec and rebuild")
+
+
+def _span_forward_maps(ks: Any, var: Any, x: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[int, int], torch.Tensor,
+                                                                                 torch.Tensor]:
+    """The forward prep, the segment plan, every segment's map xs [H, n_seg, K, V + K] and the slice's map [L | P]
+    [H, K, V + K] fp32 (the segments' maps folded in fp32)."""
+    q, k, v, a, b, g = x
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    pr = cd.chunk_prep(ks, var, q, k, a, b, g, None, cd._cdiv(T, var.chunk_size))
+    n_seg, per = _plan(ks, T, H, V, q.device, "segments")
+    bv = ks.constexprs(cd.SEG_MAPS)["BV"]
+    xs = cd._empty((H, n_seg, K, V + K), torch.float32, q.device)
+    getattr(ks, cd.SEG_MAPS)[(H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg)](
+        pr.kwt, v, pr.bwt, pr.egc, pr.w, pr.m, xs, per, T, H)
+    total = xs[:, 0]
+    for j in range(1, n_seg):
+        P = xs[:, j, :, V:]
+        total = torch.cat([P @ total[..., :V] + xs[:, j, :, :V], P @ total[..., V:]], -1)
+    return pr, (n_seg, per), xs, total
+
+
+def _span_forward_pass(ks: Any, x: tuple[torch.Tensor, ...], pr: Any, seg: tuple[int, int], xs: torch.Tensor,
+                       h0: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """o and the final state from the state ``h0`` [1, H, K, V] entering the slice (the maps of all segments but the
+    last give each segment's entering state, as the op's own segmented pass does)."""
+    q, k, v, a, b, g = x
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    o = cd._empty(v.shape, v.dtype, q.device)
+    ht = cd._empty((1, H, K, V), torch.float32, q.device)
+    h, u = cd._stub(cd.boundary_dtype(q), q.device), cd._stub(v.dtype, q.device)  # no states kept: recomputed
+    args = (pr.x3, pr.kwt, v, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, h0, h, ht, u)
+    n_seg, per = seg
+    if n_seg == 1:
+        name, bv = cd._pass_kernel(ks, cd.FWD, H, V, q.device)
+        getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, float(scale), 0, T, H)
+    else:
+        bv = ks.constexprs(cd.FWD_SEG)["BV"]
+        getattr(ks, cd.FWD_SEG)[(H, cd._cdiv(V, bv), n_seg)](*args, xs[:, :-1].contiguous(), per, float(scale), 0,
+                                                             T, H)
+    return o, ht
+
+
+class _SpanBackward:
+    """The backward of a slice that one sequence spans, in two halves around the exchange: ``entering_grad`` (the
+    gradient reaching the entering state from this slice's outputs alone) and ``finish`` (with the gradient
+    reaching the leaving state)."""
+
+    def __init__(self, ks: Any, var: Any, x: tuple[torch.Tensor, ...], h0: torch.Tensor, scale: float,
+                 do: torch.Tensor) -> None:
+        q, k, v, a, b, g = x
+        self.ks, self.var, self.do, self.scale = ks, var, do.contiguous(), scale
+        _, self.T, self.H, self.K = q.shape
+        self.V = v.shape[-1]
+        self.saved = cd.saved_for_backward(ks, var, q, k, v, a, b, g, h0, None, scale, None)
+        self.pr = cd.chunk_prep(ks, var, q, k, a, b, g, None, self.saved["n_slots"], for_bwd=True)
+        self.h, self.u = cd.chunk_states(ks, var, self.saved, self.pr)[:2]
+
+    def _reverse_args(self, pr: Any, do: torch.Tensor, dht: torch.Tensor, T: int, n_hslots: int
+                      ) -> tuple[tuple[Any, ...], tuple[torch.Tensor, ...]]:
+        dev = do.device
+        dh = cd._empty((n_hslots, self.H, self.K, self.V), cd.boundary_dtype(do), dev)
+        dh0 = cd._empty((1, self.H, self.K, self.V), torch.float32, dev)
+        dr = cd._empty((1, T, self.H, self.V), do.dtype, dev)
+        dv = cd._empty((1, T, self.H, self.V), do.dtype, dev)
+        args = (pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv)
+        return args, (dh, dr, dh0, dv)
+
+    def entering_grad(self) -> torch.Tensor:
+        """dS reaching the slice's start with dS = 0 leaving it: the segments' gradient maps (every segment but the
+        first, kept for ``finish``), folded, then the first segment's reverse walk from the folded dS."""
+        ks, pr, do, H, K, V, T = self.ks, self.pr, self.do, self.H, self.K, self.V, self.T
+        n_seg, per = self.seg = _plan(ks, T, H, V, do.device, "segments_bwd")
+        dS = torch.zeros((1, H, K, V), dtype=torch.float32, device=do.device)
+        self.xs = None
+        if n_seg > 1:
+            bv = ks.constexprs(cd.SEG_MAPS_BWD)["BV"]
+            self.xs = cd._empty((H, n_seg - 1, K, V + K), torch.float32, do.device)
+            getattr(ks, cd.SEG_MAPS_BWD)[(H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg - 1)](
+                pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, do, self.xs, per, self.scale, T, H)
+            for j in range(n_seg - 2, -1, -1):
+                dS = self.xs[None, :, j, :, V:] @ dS + self.xs[None, :, j, :, :V]
+        # the first segment's chunks as a sequence of their own (dense slots: chunk i of it is slot i)
+        T0 = min(T, per * self.var.chunk_size)
+        view = pr._replace(**{f: getattr(pr, f)[:per] for f in ("x1", "x2", "x3", "x4", "x5", "x6", "egc", "kwt")})
+        n_hslots = cd._cdiv(T0, cd.states_every(ks))
+        args, outs = self._reverse_args(view, do[:, :T0], dS.contiguous(), T0, n_hslots)
+        name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, do.device)
+        getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, self.scale, T0, H)
+        return outs[2][0]
+
+    def finish(self, dht: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(dq, dk, dv, da, db, dgk) with ``dht`` [1, H, K, V] fp32 reaching the leaving state."""
+        ks, pr, do, H, V, T = self.ks, self.pr, self.do, self.H, self.V, self.T
+        steps = cd.state_step_operands(pr) if cd.derives_states(ks) else ()
+        pr = pr._replace(w=None, m=None, bwt=None)
+        self.pr = None
+        args, (dh, dr, _, dv) = self._reverse_args(pr, do, dht.contiguous(), T, self.saved["n_hslots"])
+        n_seg, per = self.seg
+        if n_seg == 1:
+            name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, do.device)
+            getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, self.scale, T, H)
+        else:
+            bv = ks.constexprs(cd.BWD_DH_SEG)["BV"]
+            getattr(ks, cd.BWD_DH_SEG)[(H, cd._cdiv(V, bv), n_seg)](*args, self.xs, per, self.scale, T, H)
+        del pr
+        dq, dk, da, db, dg = cd.chunk_dplr_bwd_tokens(ks, self.var, self.saved, self.h, self.u, do, dh, dr,
+                                                      dk_over_dr=True, dq_over_u=True, steps=steps)
+        return dq, dk, dv, da, db, dg
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the op
+
+
+@dataclasses.dataclass
+class _Call:
+    """What a call's forward leaves its backward besides tensors."""
+
+    ctx: CPContext
+    package: "SpecPackage"
+    pkg: str
+    variant_a: Optional[str]     # the entering sequence's (dense) variant, if one enters
+    variant_b: Optional[str]     # the rest's (varlen if several sequences, else dense)
+    scale: float
+    span: Any = None             # _span_forward_maps' prep, plan and maps while the forward runs
+    summaries: Optional[torch.Tensor] = None
+
+
+def _split(ctx: CPContext) -> tuple[Optional[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """(the piece that enters from the rank before, or None; the other pieces, which start on this rank)."""
+    if ctx.enters[ctx.rank]:
+        return ctx.pieces[0], list(ctx.pieces[1:])
+    return None, list(ctx.pieces)
+
+
+def _local_cu(pieces: list[tuple[int, int, int]], device: torch.device) -> tuple[Optional[torch.Tensor], list[int]]:
+    offs = [pieces[0][1] - pieces[0][1], *(p[2] - pieces[0][1] for p in pieces)]
+    if len(pieces) == 1:
+        return None, offs
+    return torch.tensor(offs, dtype=torch.int32, device=device), offs
+
+
+class _CPChunk(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx: Any, call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                b: torch.Tensor, g: torch.Tensor, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from . import ops
+
+        ctx = call.ctx
+        _, T, H, K = q.shape
+        V = v.shape[-1]
+        dev = q.device
+        entering, rest = _split(ctx)
+        leaves = ctx.leaves[ctx.rank]
+        span = entering is not None and leaves and not rest
+        x = (q, k, v, a, b, g)
+        o = cd._empty(v.shape, v.dtype, dev) if entering is not None and rest else None
+        ht = torch.zeros((ctx.num_sequences, H, K, V), dtype=torch.float32, device=dev)
+        summary = torch.zeros((H, K, V + K), dtype=torch.float32, device=dev)
+        gate = {}
+        # the sequences that start here first: the one leaving (if any) gives this rank's summary
+        if rest:
+            lo = rest[0][1]
+            cu, offs = _local_cu(rest, dev)
+            gb = g.to(ops.TORCH_DTYPES[call.package.variants[call.variant_b].gate_dtype])
+            gate["b"] = gb
+            xb = tuple(t[:, lo:] for t in (q, k, v, a, b)) + (gb[:, lo:],)
+            ids = [p[0] for p in rest]
+            ob, htb = ops._chunk_fwd_run(call.pkg, call.variant_b, *xb, h0[ids].contiguous(), cu, call.scale, False,
+                                         offsets=offs if cu is not None else None)[:2]
+            if o is None:
+                o = ob
+            else:
+                o[:, lo:] = ob
+            if leaves:
+                summary[:, :, :V] = htb[-1]
+                ids, htb = ids[:-1], htb[:-1]
+            ht[ids] = htb
+        if span:
+            ks, var = ops._kernels(call.pkg, call.variant_a, dev)
+            _need_maps(ks, var)
+            ga = g.to(ops.TORCH_DTYPES[var.gate_dtype])
+            gate["a"] = ga
+            pr, seg, xs, summary = _span_forward_maps(ks, var, (q, k, v, a, b, ga))
+        summaries = _all_gather(summary, ctx)
+        if entering is not None:
+            E = _fold_forward(summaries, ctx, V)[None].contiguous()
+            hi = entering[2]
+            if span:
+                o, _ = _span_forward_pass(ks, (q, k, v, a, b, ga), pr, seg, xs, E, call.scale)
+            else:
+                ga = g.to(ops.TORCH_DTYPES[call.package.variants[call.variant_a].gate_dtype])
+                gate["a"] = ga
+                xa = tuple(t[:, :hi] for t in (q, k, v, a, b)) + (ga[:, :hi],)
+                oa, hta = ops._chunk_fwd_run(call.pkg, call.variant_a, *xa, E, None, call.scale, False)[:2]
+                if o is None:
+                    o = oa
+                else:
+                    o[:, :hi] = oa
+                ht[entering[0]] = hta[0]
+        else:
+            E = None
+        call.summaries = summaries
+        fctx.call = call
+        fctx.E = E
+        fctx.save_for_backward(q, k, v, a, b, g, h0)
+        return o, ht
+
+    @staticmethod
+    def backward(fctx: Any, do: torch.Tensor, dht: torch.Tensor) -> tuple[Any, ...]:
+        from . import ops
+
+        call: _Call = fctx.call
+        ctx = call.ctx
+        q, k, v, a, b, g, h0 = fctx.saved_tensors
+        E = fctx.E
+        _, T, H, K = q.shape
+        V = v.shape[-1]
+        dev = q.device
+        entering, rest = _split(ctx)
+        leaves = ctx.leaves[ctx.rank]
+        span = entering is not None and leaves and not rest
+        do = do.contiguous()
+        dht = dht.to(torch.float32)
+        grads = [torch.empty_like(t) for t in (q, k, v, a, b, g)] if entering is not None and rest else None
+        dh0 = torch.zeros_like(h0)
+        G = torch.zeros((H, K, V), dtype=torch.float32, device=dev)
+
+        def put(part: tuple[torch.Tensor, ...], sl: slice) -> list[torch.Tensor]:
+            part = [t.to(ref.dtype) for t, ref in zip(part, (q, k, v, a, b, g))]
+            if grads is None:
+                return part
+            for dst, src in zip(grads, part):
+                dst[:, sl] = src
+            return grads
+
+        # the entering sequence's own gradient reaching its entering state, before the exchange
+        out: Any = None
+        if span:
+            ks, var = ops._kernels(call.pkg, call.variant_a, dev)
+            ga = g.to(ops.TORCH_DTYPES[var.gate_dtype])
+            sb = _SpanBackward(ks, var, (q, k, v, a, b, ga), E, call.scale, do)
+            G = sb.entering_grad()
+        elif entering is not None:
+            hi = entering[2]
+            ga = g.to(ops.TORCH_DTYPES[call.package.variants[call.variant_a].gate_dtype])
+            xa = tuple(t[:, :hi] for t in (q, k, v, a, b)) + (ga[:, :hi],)
+            *ga_grads, dE = ops._chunk_bwd_run(call.pkg, call.variant_a, *xa, E, None, call.scale,
+                                               do[:, :hi], dht[entering[0]][None].contiguous(), None, None)
+            G = dE[0]
+            out = put(tuple(ga_grads), slice(0, hi))
+        grads_in = _all_gather(G, ctx)
+        dS = _fold_backward(grads_in, call.summaries, ctx, V)[None].contiguous() if leaves else None
+        if span:
+            out = put(sb.finish(dS), slice(0, T))
+        if rest:
+            lo = rest[0][1]
+            cu, offs = _local_cu(rest, dev)
+            gb = g.to(ops.TORCH_DTYPES[call.package.variants[call.variant_b].gate_dtype])
+            xb = tuple(t[:, lo:] for t in (q, k, v, a, b)) + (gb[:, lo:],)
+            ids = [p[0] for p in rest]
+            dhtb = dht[ids].clone()
+            if leaves:
+                dhtb[-1] = dS[0]
+            *gb_grads, dh0b = ops._chunk_bwd_run(call.pkg, call.variant_b, *xb, h0[ids].contiguous(), cu, call.scale,
+                                                 do[:, lo:], dhtb, None, None,
+                                                 offsets=offs if cu is not None else None)
+            dh0[ids] = dh0b
+            out = put(tuple(gb_grads), slice(lo, T))
+        return (None, *out, dh0)
+
+
+def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Tensor, ...], scale: Any,
+        initial_state: Any, output_final_state: bool, cu_seqlens: Any, cu_seqlens_cpu: Any, chunk_size: Optional[int],
+        lower_bound: Optional[float], cp_context: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A chunk op (q, k, v, a, b, gk in ``tensors``, named ``names``) on this rank's slice under ``cp_context``.
+    Each rank checks its arguments, then the ranks exchange a descriptor of their calls: an error on one rank is
+    raised on every rank (its own message there, a pointer to it elsewhere) instead of leaving the others waiting."""
+    from . import ops
+
+    ctx = cp_context
+    if not isinstance(ctx, CPContext):
+        raise TypeError(f"cp_context must come from dplr_gen.cp.build_cp_context, got {type(ctx).__name__}")
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("cp_context is not supported under torch.compile (its host-side exchange would "
+                                  "break the graph); call the op eagerly")
+    err: Optional[Exception] = None
+    info: Optional[dict[str, Any]] = None
+    try:
+        info = _check_call(names, tensors, scale, initial_state, cu_seqlens, chunk_size, lower_bound, ctx)
+        variant_a, variant_b = _variants(package, tensors, chunk_size, lower_bound, ctx)
+    except (TypeError, ValueError) as e:
+        if ctx.world_size == 1:
+            raise
+        err = e
+    if ctx.world_size == 1:  # a group of one: the plain op on the whole batch
+        single = ctx.num_sequences == 1
+        return ops._run("chunk", package, names, tensors, scale, initial_state, output_final_state,
+                        None if single else ctx.cu_seqlens.to(tensors[0].device),
+                        None if single else ctx.cu_seqlens_cpu, chunk_size, lower_bound)
+    _check_agreement(ctx, info, err)
+    q, k, v, a, b, g = tensors
+    N, H, K, V = ctx.num_sequences, info["H"], info["K"], info["V"]
+    h0 = (torch.zeros((N, H, K, V), dtype=torch.float32, device=q.device) if initial_state is None
+          else initial_state.to(torch.float32))
+    call = _Call(ctx, package, str(package.dir), variant_a, variant_b, info["scale"])
+    args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
+    o, ht = _CPChunk.apply(call, *args)
+    return o, (ht if output_final_state else None)
+
+
+def _check_call(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale: Any, initial_state: Any,
+                cu_seqlens: Any, chunk_size: Optional[int], lower_bound: Optional[float], ctx: CPContext
+                ) -> dict[str, Any]:
+    """This rank's argument checks; returns the checked shapes, dtypes and scale."""
+    from . import ops
+
+    if cu_seqlens is not None and not (cu_seqlens is ctx.cu_seqlens or (
+            isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.tolist() == ctx.cu_seqlens_cpu.tolist())):
+        raise ValueError("cu_seqlens: under cp_context the rank's sequence boundaries come from the context "
+                         "(cp_context.cu_seqlens); pass cu_seqlens=None")
+    info = ops._check_inputs(names, tensors, scale, None, None, None)
+    info.update(dtype=tensors[0].dtype, gate_dtype=tensors[5].dtype)
+    ops._check_keywords(chunk_size, lower_bound)
+    B, T, H, K, V = (info[n] for n in ("B", "T", "H", "K", "V"))
+    if B != 1:
+        raise ValueError(f"under cp_context the batch is packed: {names[0]} must be [1, T_local, H, K], got B = {B}")
+    N = ctx.num_sequences
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (N, H, K, V):
+            got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__
+            raise ValueError(f"initial_state must be [N_global, H, K, V] = {(N, H, K, V)} under cp_context (one per "
+                             f"global sequence, the same on every rank), got {got}")
+        if initial_state.device != tensors[0].device:
+            raise ValueError(f"initial_state is on {initial_state.device} but {names[0]} is on {tensors[0].device}")
+    place = dist.get_rank(ctx.group)
+    if place != ctx.rank:
+        raise ValueError(f"cp_context was built for rank {ctx.rank} of its group, but this process is rank {place} "
+                         "there: a context built for another group or process")
+    if T * ctx.world_size != ctx.offsets[-1]:
+        raise ValueError(f"cp_context: cu_seqlens total T_global = {ctx.offsets[-1]} must be world_size "
+                         f"({ctx.world_size}) x T_local, but {names[0]} has T_local = {T} tokens on rank {ctx.rank}")
+    return info
+
+
+def _variants(package: "SpecPackage", tensors: tuple[torch.Tensor, ...], chunk_size: Optional[int],
+              lower_bound: Optional[float], ctx: CPContext) -> tuple[Optional[str], Optional[str]]:
+    """(the entering sequence's variant (dense), the other sequences' (varlen if several, else dense)); None where
+    there is no such part."""
+    from . import ops
+
+    q, _, v, _, _, g = tensors
+    entering, rest = _split(ctx)
+    variant_a = variant_b = None
+    if ctx.world_size > 1:
+        if entering is not None:
+            variant_a = ops.variant_for(package, "chunk", q, v, g, None, chunk_size, lower_bound)
+            if ctx.leaves[ctx.rank] and not rest:
+                _need_maps(*ops._kernels(str(package.dir), variant_a, q.device))
+        if rest:
+            variant_b = ops.variant_for(package, "chunk", q, v, g, ctx.cu_seqlens if len(rest) > 1 else None,
+                                        chunk_size, lower_bound)
+    return variant_a, variant_b
