@@ -240,11 +240,12 @@ def _plan(ks: Any, T: int, H: int, V: int, device: torch.device, option: str) ->
 
 
 def _need_maps(ks: Any, var: Any) -> None:
+    """The kernels the crossing sequences' maps take, or an error naming what to build."""
     missing = [n for n in (cd.SEG_MAPS, cd.SEG_MAPS_BWD, cd.FWD_SEG, cd.BWD_DH_SEG) if not ks.has(n)]
     if missing:
         raise ValueError(
-            f"context parallelism: a sequence spans this rank's slice, which needs the segment-map kernels of dense "
-            f"variant {var.name} (missing: {', '.join(missing)}). Give its variant group the tuning "
+            f"context parallelism: a sequence crosses this rank's boundary, which needs the segment-map kernels of "
+            f"dense variant {var.name} (missing: {', '.join(missing)}). Give its variant group the tuning "
             "chunk.fwd_small: {segments: N} and chunk.bwd_dh_small: {segments: N} in the spec and rebuild")
 
 
@@ -315,12 +316,13 @@ class _SpanBackward:
         args = (pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv)
         return args, (dh, dr, dh0, dv)
 
-    def entering_grad(self) -> torch.Tensor:
-        """dS reaching the slice's start with dS = 0 leaving it: the segments' gradient maps (every segment but the
-        first, kept for ``finish``), folded, then the first segment's reverse walk from the folded dS."""
+    def entering_grad(self, d_end: torch.Tensor) -> torch.Tensor:
+        """dS [H, K, V] reaching the start of these rows with ``d_end`` [1, H, K, V] leaving them: the segments'
+        gradient maps (every segment but the first, kept for ``finish``), folded, then the first segment's reverse
+        walk from the folded dS."""
         ks, pr, do, H, K, V, T = self.ks, self.pr, self.do, self.H, self.K, self.V, self.T
         n_seg, per = self.seg = _plan(ks, T, H, V, do.device, "segments_bwd")
-        dS = torch.zeros((1, H, K, V), dtype=torch.float32, device=do.device)
+        dS = d_end
         self.xs = None
         if n_seg > 1:
             bv = ks.constexprs(cd.SEG_MAPS_BWD)["BV"]
@@ -369,90 +371,93 @@ class _Call:
     ctx: CPContext
     package: "SpecPackage"
     pkg: str
-    variant_a: Optional[str]     # the entering sequence's (dense) variant, if one enters
-    variant_b: Optional[str]     # the rest's (varlen if several sequences, else dense)
+    dense: Optional[str]         # the variant of the entering and the leaving sequence (dense), if either
+    mids: Optional[str]          # the other sequences' (varlen if several, else dense)
     scale: float
-    span: Any = None             # _span_forward_maps' prep, plan and maps while the forward runs
     summaries: Optional[torch.Tensor] = None
 
 
-def _split(ctx: CPContext) -> tuple[Optional[tuple[int, int, int]], list[tuple[int, int, int]]]:
-    """(the piece that enters from the rank before, or None; the other pieces, which start on this rank)."""
-    if ctx.enters[ctx.rank]:
-        return ctx.pieces[0], list(ctx.pieces[1:])
-    return None, list(ctx.pieces)
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """A rank's sequences in three parts: the one entering from the rank before (``enter``: its end token, or 0),
+    spanning the slice if it also leaves (``span``); the ones that start and end here (``mids``, global ids, tokens
+    [mid_lo, mid_hi)); the one that starts here and leaves (its global id ``leave_id`` or None, from token
+    ``leave_lo``)."""
+
+    enter: int
+    span: bool
+    mids: tuple[int, ...]
+    mid_lo: int
+    mid_hi: int
+    leave_id: Optional[int]
+    leave_lo: int
+
+    @staticmethod
+    def of(ctx: CPContext) -> "_Layout":
+        pieces = list(ctx.pieces)
+        enters, leaves = ctx.enters[ctx.rank], ctx.leaves[ctx.rank]
+        span = enters and leaves and len(pieces) == 1
+        enter = pieces.pop(0)[2] if enters else 0
+        leave = pieces.pop() if leaves and not span else None
+        T = ctx.T_local
+        return _Layout(enter, span, tuple(p[0] for p in pieces), pieces[0][1] if pieces else 0,
+                       pieces[-1][2] if pieces else 0, None if leave is None else leave[0],
+                       T if leave is None else leave[1])
 
 
-def _local_cu(pieces: list[tuple[int, int, int]], device: torch.device) -> tuple[Optional[torch.Tensor], list[int]]:
-    offs = [pieces[0][1] - pieces[0][1], *(p[2] - pieces[0][1] for p in pieces)]
-    if len(pieces) == 1:
-        return None, offs
-    return torch.tensor(offs, dtype=torch.int32, device=device), offs
+def _rows(x: tuple[torch.Tensor, ...], lo: int, hi: int) -> tuple[torch.Tensor, ...]:
+    return tuple(t[:, lo:hi] for t in x)
 
 
 class _CPChunk(torch.autograd.Function):
+    """The op on a rank's slice: the leaving sequence's map and the mids' forward before the exchange, the
+    entering and leaving sequences' passes after it; in the backward the entering sequence's gradient map and the
+    mids' backward before it, the rest after."""
+
     @staticmethod
     def forward(fctx: Any, call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                 b: torch.Tensor, g: torch.Tensor, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from . import ops
 
-        ctx = call.ctx
+        ctx, lay = call.ctx, _Layout.of(call.ctx)
         _, T, H, K = q.shape
         V = v.shape[-1]
         dev = q.device
-        entering, rest = _split(ctx)
-        leaves = ctx.leaves[ctx.rank]
-        span = entering is not None and leaves and not rest
-        x = (q, k, v, a, b, g)
-        o = cd._empty(v.shape, v.dtype, dev) if entering is not None and rest else None
+        o = cd._empty(v.shape, v.dtype, dev)
         ht = torch.zeros((ctx.num_sequences, H, K, V), dtype=torch.float32, device=dev)
         summary = torch.zeros((H, K, V + K), dtype=torch.float32, device=dev)
-        gate = {}
-        # the sequences that start here first: the one leaving (if any) gives this rank's summary
-        if rest:
-            lo = rest[0][1]
-            cu, offs = _local_cu(rest, dev)
-            gb = g.to(ops.TORCH_DTYPES[call.package.variants[call.variant_b].gate_dtype])
-            gate["b"] = gb
-            xb = tuple(t[:, lo:] for t in (q, k, v, a, b)) + (gb[:, lo:],)
-            ids = [p[0] for p in rest]
-            ob, htb = ops._chunk_fwd_run(call.pkg, call.variant_b, *xb, h0[ids].contiguous(), cu, call.scale, False,
-                                         offsets=offs if cu is not None else None)[:2]
-            if o is None:
-                o = ob
-            else:
-                o[:, lo:] = ob
-            if leaves:
-                summary[:, :, :V] = htb[-1]
-                ids, htb = ids[:-1], htb[:-1]
-            ht[ids] = htb
-        if span:
-            ks, var = ops._kernels(call.pkg, call.variant_a, dev)
-            _need_maps(ks, var)
-            ga = g.to(ops.TORCH_DTYPES[var.gate_dtype])
-            gate["a"] = ga
-            pr, seg, xs, summary = _span_forward_maps(ks, var, (q, k, v, a, b, ga))
+        if call.dense is not None:
+            ks, var = ops._kernels(call.pkg, call.dense, dev)
+            xd = (q, k, v, a, b, g.to(ops.TORCH_DTYPES[var.gate_dtype]))
+        leaving = None
+        if lay.span or lay.leave_id is not None:  # the map of the leaving sequence's part here
+            leaving = _rows(xd, lay.leave_lo if not lay.span else 0, T)
+            pr, seg, xs, total = _span_forward_maps(ks, var, leaving)
+            if lay.span:
+                summary = total
+            else:  # the state it leaves with, from its own initial state: P = 0 restarts the fold here
+                summary[:, :, :V] = total[..., V:] @ h0[lay.leave_id] + total[..., :V]
+        if lay.mids:
+            cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
+            gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
+            xm = _rows((q, k, v, a, b, gm), lay.mid_lo, lay.mid_hi)
+            ids = list(lay.mids)
+            o[:, lay.mid_lo:lay.mid_hi], ht[ids] = ops._chunk_fwd_run(
+                call.pkg, call.mids, *xm, h0[ids].contiguous(), cu, call.scale, False,
+                offsets=offs if cu is not None else None)[:2]
         summaries = _all_gather(summary, ctx)
-        if entering is not None:
+        E = None
+        if lay.enter:
             E = _fold_forward(summaries, ctx, V)[None].contiguous()
-            hi = entering[2]
-            if span:
-                o, _ = _span_forward_pass(ks, (q, k, v, a, b, ga), pr, seg, xs, E, call.scale)
-            else:
-                ga = g.to(ops.TORCH_DTYPES[call.package.variants[call.variant_a].gate_dtype])
-                gate["a"] = ga
-                xa = tuple(t[:, :hi] for t in (q, k, v, a, b)) + (ga[:, :hi],)
-                oa, hta = ops._chunk_fwd_run(call.pkg, call.variant_a, *xa, E, None, call.scale, False)[:2]
-                if o is None:
-                    o = oa
-                else:
-                    o[:, :hi] = oa
-                ht[entering[0]] = hta[0]
-        else:
-            E = None
+            if not lay.span:
+                o[:, :lay.enter], hte = ops._chunk_fwd_run(call.pkg, call.dense, *_rows(xd, 0, lay.enter), E, None,
+                                                           call.scale, False)[:2]
+                ht[ctx.pieces[0][0]] = hte[0]
+        if leaving is not None:
+            start = E if lay.span else h0[lay.leave_id][None].contiguous()
+            o[:, T - leaving[0].shape[1]:] = _span_forward_pass(ks, leaving, pr, seg, xs, start, call.scale)[0]
         call.summaries = summaries
-        fctx.call = call
-        fctx.E = E
+        fctx.call, fctx.E = call, E
         fctx.save_for_backward(q, k, v, a, b, g, h0)
         return o, ht
 
@@ -461,63 +466,61 @@ class _CPChunk(torch.autograd.Function):
         from . import ops
 
         call: _Call = fctx.call
-        ctx = call.ctx
+        ctx, lay = call.ctx, _Layout.of(call.ctx)
         q, k, v, a, b, g, h0 = fctx.saved_tensors
-        E = fctx.E
         _, T, H, K = q.shape
         V = v.shape[-1]
         dev = q.device
-        entering, rest = _split(ctx)
-        leaves = ctx.leaves[ctx.rank]
-        span = entering is not None and leaves and not rest
         do = do.contiguous()
         dht = dht.to(torch.float32)
-        grads = [torch.empty_like(t) for t in (q, k, v, a, b, g)] if entering is not None and rest else None
+        grads = [cd._empty(t.shape, t.dtype, dev) for t in (q, k, v, a, b, g)]
         dh0 = torch.zeros_like(h0)
-        G = torch.zeros((H, K, V), dtype=torch.float32, device=dev)
 
-        def put(part: tuple[torch.Tensor, ...], sl: slice) -> list[torch.Tensor]:
-            part = [t.to(ref.dtype) for t, ref in zip(part, (q, k, v, a, b, g))]
-            if grads is None:
-                return part
+        def put(part: tuple[torch.Tensor, ...], lo: int, hi: int) -> None:
             for dst, src in zip(grads, part):
-                dst[:, sl] = src
-            return grads
+                dst[:, lo:hi] = src
 
-        # the entering sequence's own gradient reaching its entering state, before the exchange
-        out: Any = None
-        if span:
-            ks, var = ops._kernels(call.pkg, call.variant_a, dev)
-            ga = g.to(ops.TORCH_DTYPES[var.gate_dtype])
-            sb = _SpanBackward(ks, var, (q, k, v, a, b, ga), E, call.scale, do)
-            G = sb.entering_grad()
-        elif entering is not None:
-            hi = entering[2]
-            ga = g.to(ops.TORCH_DTYPES[call.package.variants[call.variant_a].gate_dtype])
-            xa = tuple(t[:, :hi] for t in (q, k, v, a, b)) + (ga[:, :hi],)
-            *ga_grads, dE = ops._chunk_bwd_run(call.pkg, call.variant_a, *xa, E, None, call.scale,
-                                               do[:, :hi], dht[entering[0]][None].contiguous(), None, None)
-            G = dE[0]
-            out = put(tuple(ga_grads), slice(0, hi))
+        if call.dense is not None:
+            ks, var = ops._kernels(call.pkg, call.dense, dev)
+            xd = (q, k, v, a, b, g.to(ops.TORCH_DTYPES[var.gate_dtype]))
+        # before the exchange: the gradient reaching the entering state from this slice's own outputs (and, where
+        # the entering sequence ends here, from its final state's gradient), and the mids' whole backward
+        G = torch.zeros((H, K, V), dtype=torch.float32, device=dev)
+        if lay.enter:
+            end = lay.enter if not lay.span else T
+            sb = _SpanBackward(ks, var, _rows(xd, 0, end), fctx.E, call.scale, do[:, :end])
+            d_end = (torch.zeros((1, H, K, V), dtype=torch.float32, device=dev) if lay.span
+                     else dht[ctx.pieces[0][0]][None].contiguous())
+            G = sb.entering_grad(d_end)
+        if lay.mids:
+            cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
+            gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
+            ids = list(lay.mids)
+            *part, dh0[ids] = ops._chunk_bwd_run(
+                call.pkg, call.mids, *_rows((q, k, v, a, b, gm), lay.mid_lo, lay.mid_hi), h0[ids].contiguous(), cu,
+                call.scale, do[:, lay.mid_lo:lay.mid_hi], dht[ids].contiguous(), None, None,
+                offsets=offs if cu is not None else None)
+            put(part, lay.mid_lo, lay.mid_hi)
         grads_in = _all_gather(G, ctx)
-        dS = _fold_backward(grads_in, call.summaries, ctx, V)[None].contiguous() if leaves else None
-        if span:
-            out = put(sb.finish(dS), slice(0, T))
-        if rest:
-            lo = rest[0][1]
-            cu, offs = _local_cu(rest, dev)
-            gb = g.to(ops.TORCH_DTYPES[call.package.variants[call.variant_b].gate_dtype])
-            xb = tuple(t[:, lo:] for t in (q, k, v, a, b)) + (gb[:, lo:],)
-            ids = [p[0] for p in rest]
-            dhtb = dht[ids].clone()
-            if leaves:
-                dhtb[-1] = dS[0]
-            *gb_grads, dh0b = ops._chunk_bwd_run(call.pkg, call.variant_b, *xb, h0[ids].contiguous(), cu, call.scale,
-                                                 do[:, lo:], dhtb, None, None,
-                                                 offsets=offs if cu is not None else None)
-            dh0[ids] = dh0b
-            out = put(tuple(gb_grads), slice(lo, T))
-        return (None, *out, dh0)
+        dS = _fold_backward(grads_in, call.summaries, ctx, V)[None].contiguous() if ctx.leaves[ctx.rank] else None
+        if lay.enter:
+            put(sb.finish(dS if lay.span else d_end), 0, end)
+        if lay.leave_id is not None:
+            i = lay.leave_id
+            *part, dh0_i = ops._chunk_bwd_run(call.pkg, call.dense, *_rows(xd, lay.leave_lo, T), h0[i][None].contiguous(),
+                                              None, call.scale, do[:, lay.leave_lo:], dS, None, None)
+            dh0[i] = dh0_i[0]
+            put(part, lay.leave_lo, T)
+        return (None, *(t.to(ref.dtype) if t.dtype != ref.dtype else t for t, ref in zip(grads, (q, k, v, a, b, g))),
+                dh0)
+
+
+def _local_cu(lo: int, hi: int, ctx: CPContext, device: torch.device) -> tuple[Optional[torch.Tensor], list[int]]:
+    """The boundaries of the local sequences in tokens [lo, hi), from lo (None for one sequence: the dense op)."""
+    offs = [x - lo for x in ctx.cu_seqlens_cpu.tolist() if lo <= x <= hi]
+    if len(offs) == 2:
+        return None, offs
+    return torch.tensor(offs, dtype=torch.int32, device=device), offs
 
 
 def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Tensor, ...], scale: Any,
@@ -595,19 +598,19 @@ def _check_call(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale
 
 def _variants(package: "SpecPackage", tensors: tuple[torch.Tensor, ...], chunk_size: Optional[int],
               lower_bound: Optional[float], ctx: CPContext) -> tuple[Optional[str], Optional[str]]:
-    """(the entering sequence's variant (dense), the other sequences' (varlen if several, else dense)); None where
-    there is no such part."""
+    """(the dense variant of the sequences crossing this rank's boundaries, the variant of those inside it (varlen
+    if several, else dense)); None where there are none."""
     from . import ops
 
+    if ctx.world_size == 1:
+        return None, None
     q, _, v, _, _, g = tensors
-    entering, rest = _split(ctx)
-    variant_a = variant_b = None
-    if ctx.world_size > 1:
-        if entering is not None:
-            variant_a = ops.variant_for(package, "chunk", q, v, g, None, chunk_size, lower_bound)
-            if ctx.leaves[ctx.rank] and not rest:
-                _need_maps(*ops._kernels(str(package.dir), variant_a, q.device))
-        if rest:
-            variant_b = ops.variant_for(package, "chunk", q, v, g, ctx.cu_seqlens if len(rest) > 1 else None,
-                                        chunk_size, lower_bound)
-    return variant_a, variant_b
+    lay = _Layout.of(ctx)
+    dense = mids = None
+    if lay.enter or lay.leave_id is not None:
+        dense = ops.variant_for(package, "chunk", q, v, g, None, chunk_size, lower_bound)
+        _need_maps(*ops._kernels(str(package.dir), dense, q.device))
+    if lay.mids:
+        mids = ops.variant_for(package, "chunk", q, v, g, ctx.cu_seqlens if len(lay.mids) > 1 else None, chunk_size,
+                               lower_bound)
+    return dense, mids

@@ -91,6 +91,7 @@ def _worker(rank: int, world: int, port: int, pkg_dir: str, work: str, segments:
         torch.save({"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}, out)
     finally:
         if dist.is_initialized():
+            dist.barrier()  # no rank tears its connections down while another still uses them
             dist.destroy_process_group()
 
 
@@ -251,6 +252,7 @@ def _build_odd(rank: int, port: int, work: str) -> None:
     except ValueError as e:
         msg = str(e)
     finally:
+        dist.barrier()
         dist.destroy_process_group()
     (Path(work) / f"{rank}.txt").write_text(msg)
 
