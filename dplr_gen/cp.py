@@ -15,13 +15,18 @@ the gradient reaching the state leaving its slice (dS_out = P^T dS_out' + G), th
 rank's backward thus sees the true entering state and the true gradient of its leaving state, so every gradient
 is the single-process op's (the summaries only carry values between ranks; they need no gradient of their own).
 
-Work per call, beyond the one-process op on the same tokens: where one sequence spans a rank's slice, that slice's
-map [L | P] (the segmented state passes' map kernels, run over every segment instead of all but one, so the walk's
-latency is one segment's where the op's rule splits the slice, else a whole walk with V + K columns), and in the
-backward the gradient map of the first segment (one segment's reverse walk); a sequence that starts on a rank and
-leaves it has its forward run before the exchange, the rest after it (no work twice). Bytes: each rank sends
-H K (V + K) 4 bytes in the forward and H K V 4 in the backward (and 80 bytes of shape check per forward), and
-receives world_size - 1 times that.
+Schedule, per rank: before the forward's exchange, the map [L | P] of the sequence leaving the slice (its own
+chunk prep and the segmented state passes' map kernels over every segment; folded with its initial state where it
+starts here) and the whole op on the sequences that start and end here; after it, the passes of the entering and the
+leaving sequence (the leaving one reuses its prep and maps). Before the backward's exchange, the gradient map of the
+entering sequence (the reverse pass's segment maps, and one walk of its first segment) and the whole backward of the
+sequences inside; after it, the rest. No rank waits for another's full pass: the work on the critical path beyond
+the one-GPU op is the leaving sequence's map (one segment's walk where the op's rule splits the slice into
+segments, a whole walk otherwise), the entering sequence's first-segment reverse walk, and two all_gathers.
+Requires the segment-map kernels in the dense variant of the inputs' dtype and head sizes (knobs
+chunk.fwd_small.segments and chunk.bwd_dh_small.segments; the hopper spec builds them for dense bf16). Bytes: each
+rank sends H K (V + K) 4 bytes in the forward and H K V 4 in the backward (plus a 96-byte descriptor per forward)
+and receives world_size - 1 times that; for H = 32, K = V = 64: 1 MiB + 0.5 MiB sent per call.
 
 What each rank returns: o for its own tokens; with ``output_final_state`` a [N_global, H, K, V] fp32 tensor holding
 the final states of the sequences that end on this rank and zeros elsewhere (summing it over the ranks, e.g.
@@ -35,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import struct
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -227,7 +231,7 @@ def _fold_backward(grads: torch.Tensor, summaries: torch.Tensor, ctx: CPContext,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# a sequence that spans the slice: its map from the segmented state passes' kernels
+# the crossing sequences: their maps from the segmented state passes' kernels
 
 
 def _plan(ks: Any, T: int, H: int, V: int, device: torch.device, option: str) -> tuple[int, int]:
@@ -292,9 +296,9 @@ def _span_forward_pass(ks: Any, x: tuple[torch.Tensor, ...], pr: Any, seg: tuple
 
 
 class _SpanBackward:
-    """The backward of a slice that one sequence spans, in two halves around the exchange: ``entering_grad`` (the
-    gradient reaching the entering state from this slice's outputs alone) and ``finish`` (with the gradient
-    reaching the leaving state)."""
+    """The backward of the rows of one sequence entering this rank (dense), in two halves around the exchange:
+    ``entering_grad`` (the gradient reaching the entering state from these rows' outputs and the gradient leaving
+    them, where that is known before the exchange) and ``finish`` (with the gradient reaching the leaving state)."""
 
     def __init__(self, ks: Any, var: Any, x: tuple[torch.Tensor, ...], h0: torch.Tensor, scale: float,
                  do: torch.Tensor) -> None:
