@@ -411,18 +411,28 @@ class _EagerOp(torch.autograd.Function):
 # public API
 
 
-def _run(
-    op: str, package: "SpecPackage", names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale: Any,
-    initial_state: Any, output_final_state: bool, cu_seqlens: Any, cu_seqlens_cpu: Any = None,
-    chunk_size: int | None = None, lower_bound: float | None = None, keep_states: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    info = _check_inputs(names, tensors, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
+def _check_keywords(chunk_size: Any, lower_bound: Any) -> None:
     if chunk_size is not None and chunk_size not in (16, 32, 64):
         raise ValueError(f"chunk_size must be 16, 32 or 64 (or None for the spec's choice), got {chunk_size!r}")
     if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and lower_bound < 0):
         raise ValueError(f"lower_bound must be a negative float (a promise that gk >= lower_bound) or None, got {lower_bound!r}")
+
+
+def _run(
+    op: str, package: "SpecPackage", names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale: Any,
+    initial_state: Any, output_final_state: bool, cu_seqlens: Any, cu_seqlens_cpu: Any = None,
+    chunk_size: int | None = None, lower_bound: float | None = None, keep_states: bool = False,
+    cp_context: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    _check_keywords(chunk_size, lower_bound)
     if lower_bound is not None:  # a broken promise would give finite, wrong numbers (gate_check)
         check_lower_bound(tensors[5], lower_bound)
+    if cp_context is not None:  # the rank's slice of a batch split over a process group (cp.py)
+        from . import cp
+
+        return cp.run(names, package, tensors, scale, initial_state, output_final_state, cu_seqlens,
+                      cu_seqlens_cpu, chunk_size, lower_bound, cp_context)
+    info = _check_inputs(names, tensors, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     q, k, v, a, b, g = tensors
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         # Triton's interpreter computes bf16 dots wrongly (off by orders of magnitude): run on float32 copies
@@ -460,7 +470,7 @@ def chunk_dplr_delta_rule(
     scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", chunk_size: int | None = None,
     safe_gate: bool = False, lower_bound: float | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
-    disable_recompute: bool = False, **unexpected: Any,
+    disable_recompute: bool = False, cp_context: Any = None, **unexpected: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked DPLR delta rule. ``lower_bound`` promises gk >= lower_bound and selects a faster variant built
     for a bound at or below it; ``chunk_size`` prefers a variant of that chunk where one is built and is
@@ -477,11 +487,14 @@ def chunk_dplr_delta_rule(
     ``lower_bound`` to select a bounded variant). The ``lower_bound`` promise is checked (one reduction over gk; on
     a GPU without a host sync: see dplr_gen.gate_check, and DPLR_GEN_CHECK_LOWER_BOUND=0 to skip it).
     ``initial_state`` may be float32 or a lower precision (bf16, fp16): the state is computed and returned in
-    float32 either way, and its gradient comes back in initial_state's dtype."""
+    float32 either way, and its gradient comes back in initial_state's dtype. ``cp_context`` (from
+    dplr_gen.cp.build_cp_context): the inputs are this rank's slice of a packed batch split over a process group
+    (context parallelism; see dplr_gen/cp.py for what each rank returns; ``disable_recompute`` changes nothing
+    there)."""
     if unexpected:
         raise TypeError(f"chunk_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")
     return _run("chunk", package, ("q", "k", "v", "a", "b", "gk"), (q, k, v, a, b, gk), scale, initial_state,
-                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, disable_recompute)
+                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, disable_recompute, cp_context)
 
 
 def chunk_rwkv7(
@@ -489,13 +502,13 @@ def chunk_rwkv7(
     scale: float = 1.0, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", chunk_size: int | None = None,
     safe_gate: bool = False, lower_bound: float | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
-    disable_recompute: bool = False, **unexpected: Any,
+    disable_recompute: bool = False, cp_context: Any = None, **unexpected: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RWKV-7 (r, w, k, v, a, b) over the same recurrence: q = r, gk = w (keywords as chunk_dplr_delta_rule)."""
     if unexpected:
         raise TypeError(f"chunk_rwkv7 got unexpected keyword argument(s) {sorted(unexpected)}")
     return _run("chunk", package, ("r", "k", "v", "a", "b", "w"), (r, k, v, a, b, w), scale, initial_state,
-                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, disable_recompute)
+                output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, disable_recompute, cp_context)
 
 
 def fused_recurrent_dplr_delta_rule(

@@ -1,0 +1,620 @@
+"""Context parallelism: one packed batch of sequences split over the ranks of a torch.distributed group.
+
+Call pattern (fla-core's): ``ctx = build_cp_context(cu_seqlens, group)`` with the global sequence boundaries of a
+packed batch (B = 1); rank r holds tokens [r T_local, (r + 1) T_local) of it, T_local = T_global / world_size, and
+calls ``chunk_rwkv7(..., cp_context=ctx)`` / ``chunk_dplr_delta_rule(..., cp_context=ctx)`` on its [1, T_local, H, K]
+tensors (no ``cu_seqlens``: the context holds the rank's own).
+
+How (MATH.md's recurrence): a rank's slice of a sequence maps the state entering it affinely to the state leaving it,
+S_out = P S_in + L. Forward: each rank writes the summary [L | P] ([H, K, V + K] fp32) of the sequence leaving it
+(the sequence's final state here and P = 0 where that sequence starts on this rank, so that the fold restarts there
+with its initial state), one all_gather, then each rank folds its predecessors' summaries into the state entering
+its first sequence and runs the op on its slice. Backward mirrors it: each rank computes the gradient reaching the
+state entering its slice from its own outputs alone (dS_out = 0), one all_gather, and folds its successors' into
+the gradient reaching the state leaving its slice (dS_out = P^T dS_out' + G), then runs its backward with it. Each
+rank's backward thus sees the true entering state and the true gradient of its leaving state, so every gradient
+is the single-process op's (the summaries only carry values between ranks; they need no gradient of their own).
+
+Schedule, per rank: before the forward's exchange, the map [L | P] of the sequence leaving the slice (its own
+chunk prep and the segmented state passes' map kernels over every segment; folded with its initial state where it
+starts here) and the whole op on the sequences that start and end here; after it, the passes of the entering and the
+leaving sequence (the leaving one reuses its prep and maps). Before the backward's exchange, the gradient map of the
+entering sequence (the reverse pass's segment maps, and one walk of its first segment) and the whole backward of the
+sequences inside; after it, the rest. No rank waits for another's full pass: the work on the critical path beyond
+the one-GPU op is the leaving sequence's map (one segment's walk where the op's rule splits the slice into
+segments, a whole walk otherwise), the entering sequence's first-segment reverse walk, and two all_gathers.
+Requires the segment-map kernels in the dense variant of the inputs' dtype and head sizes (knobs
+chunk.fwd_small.segments and chunk.bwd_dh_small.segments; the hopper spec builds them for dense bf16). Bytes: each
+rank sends H K (V + K) 4 bytes in the forward and H K V 4 in the backward (plus a 96-byte descriptor per forward)
+and receives world_size - 1 times that; for H = 32, K = V = 64: 1 MiB + 0.5 MiB sent per call.
+
+What each rank returns: o for its own tokens; with ``output_final_state`` a [N_global, H, K, V] fp32 tensor holding
+the final states of the sequences that end on this rank and zeros elsewhere (summing it over the ranks, e.g.
+``torch.distributed.all_reduce``, gives every sequence's final state; each sequence ends on exactly one rank). The
+gradient of ``initial_state`` ([N_global, H, K, V], the same on every rank) holds the entries of the sequences that
+start on this rank and zeros elsewhere: sum it over the ranks (as data-parallel gradient reduction does) for the
+total. Every rank must run every call and backpropagate through it (the backward holds a collective).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import struct
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import chunk_driver as cd
+
+if TYPE_CHECKING:
+    from .runtime import SpecPackage
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CPContext:
+    """One rank's view of a packed batch split over ``group`` (from build_cp_context). ``cu_seqlens`` /
+    ``cu_seqlens_cpu``: the rank's own sequence boundaries (int64, local token indices); ``pieces``: per local
+    sequence (global sequence index, first local token, end local token); ``enters`` / ``leaves``: per rank, whether
+    a sequence crosses its left / right boundary; ``first_rank`` / ``last_rank``: per rank, where the sequence
+    crossing its left / right boundary starts / ends."""
+
+    group: Any
+    rank: int
+    world_size: int
+    offsets: tuple[int, ...]
+    T_local: int
+    cu_seqlens: torch.Tensor
+    cu_seqlens_cpu: torch.Tensor
+    pieces: tuple[tuple[int, int, int], ...]
+    enters: tuple[bool, ...]
+    leaves: tuple[bool, ...]
+    first_rank: tuple[int, ...]
+    last_rank: tuple[int, ...]
+    key: int
+
+    # fla-core's FLACPContext fields, for callers that read them
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_last_rank(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    @property
+    def pre_num_ranks(self) -> int:
+        """Ranks before this one that the sequence entering it spans (0 if none enters)."""
+        return self.rank - self.first_rank[self.rank] if self.enters[self.rank] else 0
+
+    @property
+    def post_num_ranks(self) -> int:
+        """Ranks after this one that the sequence leaving it spans (0 if none leaves)."""
+        return self.last_rank[self.rank] - self.rank if self.leaves[self.rank] else 0
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.offsets) - 1
+
+
+def build_cp_context(cu_seqlens: torch.Tensor, group: Any = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
+                     **fla_only: Any) -> CPContext:
+    """The context of this rank for a packed batch with global boundaries ``cu_seqlens`` (int32/int64 [N + 1], from
+    0 to T_global) split over ``group`` (default: the world): rank r holds tokens [r T_local, (r + 1) T_local),
+    T_local = T_global / world_size. ``cu_seqlens_cpu``: the same values on the host, if the caller has them (saves
+    a device read). fla's ``conv1d_kernel_size`` is accepted and ignored (no convolution here)."""
+    unknown = set(fla_only) - {"conv1d_kernel_size"}
+    if unknown:
+        raise TypeError(f"build_cp_context got unexpected keyword argument(s) {sorted(unknown)}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("build_cp_context needs torch.distributed initialised (dist.init_process_group) first")
+    group = dist.group.WORLD if group is None else group
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the given process group")
+    world = dist.get_world_size(group)
+    src = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
+    for name, t in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", src)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
+            raise TypeError(f"{name} must be a 1-D int32 or int64 tensor of global sequence boundaries, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    offsets = tuple(int(x) for x in src.tolist())
+    if len(offsets) < 2 or offsets[0] != 0:
+        raise ValueError(f"cu_seqlens must be [0, ..., T_global] with at least 2 entries, got {list(offsets[:4])}...")
+    if any(y <= x for x, y in zip(offsets, offsets[1:])):
+        raise ValueError("cu_seqlens must be strictly increasing (every sequence needs a token)")
+    if cu_seqlens_cpu is not None and cu_seqlens.numel() != len(offsets):
+        raise ValueError(f"cu_seqlens_cpu has {len(offsets)} entries but cu_seqlens {cu_seqlens.numel()}")
+    total = offsets[-1]
+    if total % world:
+        raise ValueError(f"cu_seqlens total T_global = {total} is not a multiple of the group's world_size = {world} "
+                         "(every rank holds T_global / world_size tokens)")
+    T = total // world
+    bounds = set(offsets)
+    enters = tuple(r > 0 and r * T not in bounds for r in range(world))
+    leaves = tuple(r < world - 1 and (r + 1) * T not in bounds for r in range(world))
+    first_rank, last_rank = [], []
+    for r in range(world):
+        f = r
+        while enters[f]:
+            f -= 1
+        first_rank.append(f)
+        e = r
+        while leaves[e]:
+            e += 1
+        last_rank.append(e)
+    lo, hi = rank * T, (rank + 1) * T
+    pieces = tuple((n, max(s, lo) - lo, min(e, hi) - lo) for n, (s, e) in enumerate(zip(offsets, offsets[1:]))
+                   if s < hi and e > lo)
+    local = [0, *(p[2] for p in pieces)]
+    digest = hashlib.blake2b(struct.pack(f"<{len(offsets) + 1}q", world, *offsets), digest_size=7).digest()
+    return CPContext(
+        group=group, rank=rank, world_size=world, offsets=offsets, T_local=T,
+        cu_seqlens=torch.tensor(local, dtype=torch.int64, device=cu_seqlens.device),
+        cu_seqlens_cpu=torch.tensor(local, dtype=torch.int64), pieces=pieces, enters=enters, leaves=leaves,
+        first_rank=tuple(first_rank), last_rank=tuple(last_rank), key=int.from_bytes(digest, "little"),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the exchange
+
+
+def _all_gather(x: torch.Tensor, ctx: CPContext) -> torch.Tensor:
+    """[world_size, *x.shape]: every rank's x (the same shape and dtype on every rank)."""
+    out = [torch.empty_like(x) for _ in range(ctx.world_size)]
+    dist.all_gather(out, x.contiguous(), group=ctx.group)
+    return torch.stack(out)
+
+
+_DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+_FIELDS = ("context (cu_seqlens and world_size)", "rank in the group", "world_size", "H", "K", "V", "dtype of q/k/v/a/b",
+           "dtype of gk", "T_local", "scale")
+
+
+def _check_agreement(ctx: CPContext, info: Optional[dict[str, Any]], err: Optional[Exception]) -> None:
+    """One all_gather of a fixed-size descriptor of every rank's call (and whether its own checks passed), so
+    that ranks whose calls disagree, or one whose arguments were refused, fail with a message on every rank
+    instead of exchanging mismatched summaries or waiting for a rank that left."""
+    mine = [0] * len(_FIELDS)
+    if info is not None:
+        mine = [ctx.key, ctx.rank, ctx.world_size, info["H"], info["K"], info["V"], _DTYPE_CODES[info["dtype"]],
+                _DTYPE_CODES[info["gate_dtype"]], info["T"], struct.unpack("<q", struct.pack("<d", info["scale"]))[0]]
+    mine += [int(info is not None), int(err is None)]
+    nccl = dist.get_backend(ctx.group) == "nccl"
+    dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    rows = _all_gather(torch.tensor(mine, dtype=torch.int64, device=dev), ctx).tolist()
+    # a disagreement first (a refusal on one rank may follow from it), among the ranks whose calls were checked
+    checked = [(r, row) for r, row in enumerate(rows) if row[-2]]
+    for i, name in enumerate(_FIELDS):
+        if i == 1:
+            bad = [r for r, row in checked if row[1] != r]
+            if bad:
+                raise ValueError(f"cp_context: ranks {bad} of the group called with a context built for another group "
+                                 "(its rank does not match the caller's place in this group)")
+            continue
+        vals = [row[i] for _, row in checked]
+        if len(set(vals)) > 1:
+            shown = vals if i != 9 else [struct.unpack("<d", struct.pack("<q", x))[0] for x in vals]
+            raise ValueError(f"context parallelism: the ranks disagree on {name}: {shown} (ranks "
+                             f"{[r for r, _ in checked]}); every rank must call the op with the same context and head "
+                             "sizes, dtypes and scale")
+    if err is not None:
+        raise err
+    failed = [r for r, row in enumerate(rows) if not row[-1]]
+    if failed:
+        raise ValueError(f"context parallelism: rank(s) {failed} of the group refused their arguments (their error "
+                         "says why); this rank's were valid")
+
+
+def _fold_forward(summaries: torch.Tensor, ctx: CPContext, V: int) -> torch.Tensor:
+    """The state [H, K, V] fp32 entering this rank's first sequence, from every rank's summary [L | P]: the fold
+    starts at the rank where that sequence starts (whose summary is its state there, P = 0)."""
+    r = ctx.rank
+    first = ctx.first_rank[r]
+    S = summaries[first, :, :, :V]
+    for j in range(first + 1, r):
+        S = summaries[j, :, :, V:] @ S + summaries[j, :, :, :V]
+    return S
+
+
+def _fold_backward(grads: torch.Tensor, summaries: torch.Tensor, ctx: CPContext, V: int) -> torch.Tensor:
+    """The gradient [H, K, V] fp32 reaching the state leaving this rank's last sequence, from every rank's gradient
+    reaching the state entering its slice from its own outputs (``grads``) and the forward's maps P."""
+    r = ctx.rank
+    last = ctx.last_rank[r]
+    dS = grads[last]
+    for j in range(last - 1, r, -1):
+        dS = summaries[j, :, :, V:].transpose(-1, -2) @ dS + grads[j]
+    return dS
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the crossing sequences: their maps from the segmented state passes' kernels
+
+
+def _plan(ks: Any, T: int, H: int, V: int, device: torch.device, option: str) -> tuple[int, int]:
+    """(segments, chunks per segment): the op's own split of this walk (chunk_driver.segments), or one segment."""
+    name = cd.FWD if option == "segments" else cd.BWD_DH
+    small, bv = cd._pass_kernel(ks, name, H, V, device)
+    seg = cd.segments(ks, small, H * cd._cdiv(V, bv), T, device, option)
+    NT = cd._cdiv(T, ks.constexprs(cd.FWD)["BC"])
+    return seg if seg is not None else (1, NT)
+
+
+def _need_maps(ks: Any, var: Any) -> None:
+    """The kernels the crossing sequences' maps take, or an error naming what to build."""
+    missing = [n for n in (cd.SEG_MAPS, cd.SEG_MAPS_BWD, cd.FWD_SEG, cd.BWD_DH_SEG) if not ks.has(n)]
+    if missing:
+        raise ValueError(
+            f"context parallelism: a sequence crosses this rank's boundary, which needs the segment-map kernels of "
+            f"dense variant {var.name} (missing: {', '.join(missing)}). Give its variant group the tuning "
+            "chunk.fwd_small: {segments: N} and chunk.bwd_dh_small: {segments: N} in the spec and rebuild")
+
+
+def _span_forward_maps(ks: Any, var: Any, x: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[int, int], torch.Tensor,
+                                                                                 torch.Tensor]:
+    """The forward prep, the segment plan, every segment's map xs [H, n_seg, K, V + K] and the slice's map [L | P]
+    [H, K, V + K] fp32 (the segments' maps folded in fp32)."""
+    q, k, v, a, b, g = x
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    pr = cd.chunk_prep(ks, var, q, k, a, b, g, None, cd._cdiv(T, var.chunk_size))
+    n_seg, per = _plan(ks, T, H, V, q.device, "segments")
+    bv = ks.constexprs(cd.SEG_MAPS)["BV"]
+    xs = cd._empty((H, n_seg, K, V + K), torch.float32, q.device)
+    getattr(ks, cd.SEG_MAPS)[(H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg)](
+        pr.kwt, v, pr.bwt, pr.egc, pr.w, pr.m, xs, per, T, H)
+    total = xs[:, 0]
+    for j in range(1, n_seg):
+        P = xs[:, j, :, V:]
+        total = torch.cat([P @ total[..., :V] + xs[:, j, :, :V], P @ total[..., V:]], -1)
+    return pr, (n_seg, per), xs, total
+
+
+def _span_forward_pass(ks: Any, x: tuple[torch.Tensor, ...], pr: Any, seg: tuple[int, int], xs: torch.Tensor,
+                       h0: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """o and the final state from the state ``h0`` [1, H, K, V] entering the slice (the maps of all segments but the
+    last give each segment's entering state, as the op's own segmented pass does)."""
+    q, k, v, a, b, g = x
+    _, T, H, K = q.shape
+    V = v.shape[-1]
+    o = cd._empty(v.shape, v.dtype, q.device)
+    ht = cd._empty((1, H, K, V), torch.float32, q.device)
+    h, u = cd._stub(cd.boundary_dtype(q), q.device), cd._stub(v.dtype, q.device)  # no states kept: recomputed
+    args = (pr.x3, pr.kwt, v, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, h0, h, ht, u)
+    n_seg, per = seg
+    if n_seg == 1:
+        name, bv = cd._pass_kernel(ks, cd.FWD, H, V, q.device)
+        getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, float(scale), 0, T, H)
+    else:
+        bv = ks.constexprs(cd.FWD_SEG)["BV"]
+        getattr(ks, cd.FWD_SEG)[(H, cd._cdiv(V, bv), n_seg)](*args, xs[:, :-1].contiguous(), per, float(scale), 0,
+                                                             T, H)
+    return o, ht
+
+
+class _SpanBackward:
+    """The backward of the rows of one sequence entering this rank (dense), in two halves around the exchange:
+    ``entering_grad`` (the gradient reaching the entering state from these rows' outputs and the gradient leaving
+    them, where that is known before the exchange) and ``finish`` (with the gradient reaching the leaving state)."""
+
+    def __init__(self, ks: Any, var: Any, x: tuple[torch.Tensor, ...], h0: torch.Tensor, scale: float,
+                 do: torch.Tensor) -> None:
+        q, k, v, a, b, g = x
+        self.ks, self.var, self.do, self.scale = ks, var, do.contiguous(), scale
+        _, self.T, self.H, self.K = q.shape
+        self.V = v.shape[-1]
+        self.saved = cd.saved_for_backward(ks, var, q, k, v, a, b, g, h0, None, scale, None)
+        self.pr = cd.chunk_prep(ks, var, q, k, a, b, g, None, self.saved["n_slots"], for_bwd=True)
+        self.h, self.u = cd.chunk_states(ks, var, self.saved, self.pr)[:2]
+
+    def _reverse_args(self, pr: Any, do: torch.Tensor, dht: torch.Tensor, T: int, n_hslots: int
+                      ) -> tuple[tuple[Any, ...], tuple[torch.Tensor, ...]]:
+        dev = do.device
+        dh = cd._empty((n_hslots, self.H, self.K, self.V), cd.boundary_dtype(do), dev)
+        dh0 = cd._empty((1, self.H, self.K, self.V), torch.float32, dev)
+        dr = cd._empty((1, T, self.H, self.V), do.dtype, dev)
+        dv = cd._empty((1, T, self.H, self.V), do.dtype, dev)
+        args = (pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv)
+        return args, (dh, dr, dh0, dv)
+
+    def entering_grad(self, d_end: torch.Tensor) -> torch.Tensor:
+        """dS [H, K, V] reaching the start of these rows with ``d_end`` [1, H, K, V] leaving them: the segments'
+        gradient maps (every segment but the first, kept for ``finish``), folded, then the first segment's reverse
+        walk from the folded dS."""
+        ks, pr, do, H, K, V, T = self.ks, self.pr, self.do, self.H, self.K, self.V, self.T
+        n_seg, per = self.seg = _plan(ks, T, H, V, do.device, "segments_bwd")
+        dS = d_end
+        self.xs = None
+        if n_seg > 1:
+            bv = ks.constexprs(cd.SEG_MAPS_BWD)["BV"]
+            self.xs = cd._empty((H, n_seg - 1, K, V + K), torch.float32, do.device)
+            getattr(ks, cd.SEG_MAPS_BWD)[(H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg - 1)](
+                pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, do, self.xs, per, self.scale, T, H)
+            for j in range(n_seg - 2, -1, -1):
+                dS = self.xs[None, :, j, :, V:] @ dS + self.xs[None, :, j, :, :V]
+        # the first segment's chunks as a sequence of their own (dense slots: chunk i of it is slot i)
+        T0 = min(T, per * self.var.chunk_size)
+        view = pr._replace(**{f: getattr(pr, f)[:per] for f in ("x1", "x2", "x3", "x4", "x5", "x6", "egc", "kwt")})
+        n_hslots = cd._cdiv(T0, cd.states_every(ks))
+        args, outs = self._reverse_args(view, do[:, :T0], dS.contiguous(), T0, n_hslots)
+        name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, do.device)
+        getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, self.scale, T0, H)
+        return outs[2][0]
+
+    def finish(self, dht: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(dq, dk, dv, da, db, dgk) with ``dht`` [1, H, K, V] fp32 reaching the leaving state."""
+        ks, pr, do, H, V, T = self.ks, self.pr, self.do, self.H, self.V, self.T
+        steps = cd.state_step_operands(pr) if cd.derives_states(ks) else ()
+        pr = pr._replace(w=None, m=None, bwt=None)
+        self.pr = None
+        args, (dh, dr, _, dv) = self._reverse_args(pr, do, dht.contiguous(), T, self.saved["n_hslots"])
+        n_seg, per = self.seg
+        if n_seg == 1:
+            name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, do.device)
+            getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, self.scale, T, H)
+        else:
+            bv = ks.constexprs(cd.BWD_DH_SEG)["BV"]
+            getattr(ks, cd.BWD_DH_SEG)[(H, cd._cdiv(V, bv), n_seg)](*args, self.xs, per, self.scale, T, H)
+        del pr
+        dq, dk, da, db, dg = cd.chunk_dplr_bwd_tokens(ks, self.var, self.saved, self.h, self.u, do, dh, dr,
+                                                      dk_over_dr=True, dq_over_u=True, steps=steps)
+        return dq, dk, dv, da, db, dg
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the op
+
+
+@dataclasses.dataclass
+class _Call:
+    """What a call's forward leaves its backward besides tensors."""
+
+    ctx: CPContext
+    package: "SpecPackage"
+    pkg: str
+    dense: Optional[str]         # the variant of the entering and the leaving sequence (dense), if either
+    mids: Optional[str]          # the other sequences' (varlen if several, else dense)
+    scale: float
+    summaries: Optional[torch.Tensor] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """A rank's sequences in three parts: the one entering from the rank before (``enter``: its end token, or 0),
+    spanning the slice if it also leaves (``span``); the ones that start and end here (``mids``, global ids, tokens
+    [mid_lo, mid_hi)); the one that starts here and leaves (its global id ``leave_id`` or None, from token
+    ``leave_lo``)."""
+
+    enter: int
+    span: bool
+    mids: tuple[int, ...]
+    mid_lo: int
+    mid_hi: int
+    leave_id: Optional[int]
+    leave_lo: int
+
+    @staticmethod
+    def of(ctx: CPContext) -> "_Layout":
+        pieces = list(ctx.pieces)
+        enters, leaves = ctx.enters[ctx.rank], ctx.leaves[ctx.rank]
+        span = enters and leaves and len(pieces) == 1
+        enter = pieces.pop(0)[2] if enters else 0
+        leave = pieces.pop() if leaves and not span else None
+        T = ctx.T_local
+        return _Layout(enter, span, tuple(p[0] for p in pieces), pieces[0][1] if pieces else 0,
+                       pieces[-1][2] if pieces else 0, None if leave is None else leave[0],
+                       T if leave is None else leave[1])
+
+
+def _rows(x: tuple[torch.Tensor, ...], lo: int, hi: int) -> tuple[torch.Tensor, ...]:
+    return tuple(t[:, lo:hi] for t in x)
+
+
+class _CPChunk(torch.autograd.Function):
+    """The op on a rank's slice: the leaving sequence's map and the mids' forward before the exchange, the
+    entering and leaving sequences' passes after it; in the backward the entering sequence's gradient map and the
+    mids' backward before it, the rest after."""
+
+    @staticmethod
+    def forward(fctx: Any, call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                b: torch.Tensor, g: torch.Tensor, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from . import ops
+
+        ctx, lay = call.ctx, _Layout.of(call.ctx)
+        _, T, H, K = q.shape
+        V = v.shape[-1]
+        dev = q.device
+        o = cd._empty(v.shape, v.dtype, dev)
+        ht = torch.zeros((ctx.num_sequences, H, K, V), dtype=torch.float32, device=dev)
+        summary = torch.zeros((H, K, V + K), dtype=torch.float32, device=dev)
+        if call.dense is not None:
+            ks, var = ops._kernels(call.pkg, call.dense, dev)
+            xd = (q, k, v, a, b, g.to(ops.TORCH_DTYPES[var.gate_dtype]))
+        leaving = None
+        if lay.span or lay.leave_id is not None:  # the map of the leaving sequence's part here
+            leaving = _rows(xd, lay.leave_lo if not lay.span else 0, T)
+            pr, seg, xs, total = _span_forward_maps(ks, var, leaving)
+            if lay.span:
+                summary = total
+            else:  # the state it leaves with, from its own initial state: P = 0 restarts the fold here
+                summary[:, :, :V] = total[..., V:] @ h0[lay.leave_id] + total[..., :V]
+        if lay.mids:
+            cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
+            gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
+            xm = _rows((q, k, v, a, b, gm), lay.mid_lo, lay.mid_hi)
+            ids = list(lay.mids)
+            o[:, lay.mid_lo:lay.mid_hi], ht[ids] = ops._chunk_fwd_run(
+                call.pkg, call.mids, *xm, h0[ids].contiguous(), cu, call.scale, False,
+                offsets=offs if cu is not None else None)[:2]
+        summaries = _all_gather(summary, ctx)
+        E = None
+        if lay.enter:
+            E = _fold_forward(summaries, ctx, V)[None].contiguous()
+            if not lay.span:
+                o[:, :lay.enter], hte = ops._chunk_fwd_run(call.pkg, call.dense, *_rows(xd, 0, lay.enter), E, None,
+                                                           call.scale, False)[:2]
+                ht[ctx.pieces[0][0]] = hte[0]
+        if leaving is not None:
+            start = E if lay.span else h0[lay.leave_id][None].contiguous()
+            o[:, T - leaving[0].shape[1]:] = _span_forward_pass(ks, leaving, pr, seg, xs, start, call.scale)[0]
+        call.summaries = summaries
+        fctx.call, fctx.E = call, E
+        fctx.save_for_backward(q, k, v, a, b, g, h0)
+        return o, ht
+
+    @staticmethod
+    def backward(fctx: Any, do: torch.Tensor, dht: torch.Tensor) -> tuple[Any, ...]:
+        from . import ops
+
+        call: _Call = fctx.call
+        ctx, lay = call.ctx, _Layout.of(call.ctx)
+        q, k, v, a, b, g, h0 = fctx.saved_tensors
+        _, T, H, K = q.shape
+        V = v.shape[-1]
+        dev = q.device
+        do = do.contiguous()
+        dht = dht.to(torch.float32)
+        grads = [cd._empty(t.shape, t.dtype, dev) for t in (q, k, v, a, b, g)]
+        dh0 = torch.zeros_like(h0)
+
+        def put(part: tuple[torch.Tensor, ...], lo: int, hi: int) -> None:
+            for dst, src in zip(grads, part):
+                dst[:, lo:hi] = src
+
+        if call.dense is not None:
+            ks, var = ops._kernels(call.pkg, call.dense, dev)
+            xd = (q, k, v, a, b, g.to(ops.TORCH_DTYPES[var.gate_dtype]))
+        # before the exchange: the gradient reaching the entering state from this slice's own outputs (and, where
+        # the entering sequence ends here, from its final state's gradient), and the mids' whole backward
+        G = torch.zeros((H, K, V), dtype=torch.float32, device=dev)
+        if lay.enter:
+            end = lay.enter if not lay.span else T
+            sb = _SpanBackward(ks, var, _rows(xd, 0, end), fctx.E, call.scale, do[:, :end])
+            d_end = (torch.zeros((1, H, K, V), dtype=torch.float32, device=dev) if lay.span
+                     else dht[ctx.pieces[0][0]][None].contiguous())
+            G = sb.entering_grad(d_end)
+        if lay.mids:
+            cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
+            gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
+            ids = list(lay.mids)
+            *part, dh0[ids] = ops._chunk_bwd_run(
+                call.pkg, call.mids, *_rows((q, k, v, a, b, gm), lay.mid_lo, lay.mid_hi), h0[ids].contiguous(), cu,
+                call.scale, do[:, lay.mid_lo:lay.mid_hi], dht[ids].contiguous(), None, None,
+                offsets=offs if cu is not None else None)
+            put(part, lay.mid_lo, lay.mid_hi)
+        grads_in = _all_gather(G, ctx)
+        dS = _fold_backward(grads_in, call.summaries, ctx, V)[None].contiguous() if ctx.leaves[ctx.rank] else None
+        if lay.enter:
+            put(sb.finish(dS if lay.span else d_end), 0, end)
+        if lay.leave_id is not None:
+            i = lay.leave_id
+            *part, dh0_i = ops._chunk_bwd_run(call.pkg, call.dense, *_rows(xd, lay.leave_lo, T), h0[i][None].contiguous(),
+                                              None, call.scale, do[:, lay.leave_lo:], dS, None, None)
+            dh0[i] = dh0_i[0]
+            put(part, lay.leave_lo, T)
+        return (None, *(t.to(ref.dtype) if t.dtype != ref.dtype else t for t, ref in zip(grads, (q, k, v, a, b, g))),
+                dh0)
+
+
+def _local_cu(lo: int, hi: int, ctx: CPContext, device: torch.device) -> tuple[Optional[torch.Tensor], list[int]]:
+    """The boundaries of the local sequences in tokens [lo, hi), from lo (None for one sequence: the dense op)."""
+    offs = [x - lo for x in ctx.cu_seqlens_cpu.tolist() if lo <= x <= hi]
+    if len(offs) == 2:
+        return None, offs
+    return torch.tensor(offs, dtype=torch.int32, device=device), offs
+
+
+def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Tensor, ...], scale: Any,
+        initial_state: Any, output_final_state: bool, cu_seqlens: Any, cu_seqlens_cpu: Any, chunk_size: Optional[int],
+        lower_bound: Optional[float], cp_context: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A chunk op (q, k, v, a, b, gk in ``tensors``, named ``names``) on this rank's slice under ``cp_context``.
+    Each rank checks its arguments, then the ranks exchange a descriptor of their calls: an error on one rank is
+    raised on every rank (its own message there, a pointer to it elsewhere) instead of leaving the others waiting."""
+    from . import ops
+
+    ctx = cp_context
+    if not isinstance(ctx, CPContext):
+        raise TypeError(f"cp_context must come from dplr_gen.cp.build_cp_context, got {type(ctx).__name__}")
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("cp_context is not supported under torch.compile (its host-side exchange would "
+                                  "break the graph); call the op eagerly")
+    err: Optional[Exception] = None
+    info: Optional[dict[str, Any]] = None
+    try:
+        info = _check_call(names, tensors, scale, initial_state, cu_seqlens, chunk_size, lower_bound, ctx)
+        variant_a, variant_b = _variants(package, tensors, chunk_size, lower_bound, ctx)
+    except (TypeError, ValueError) as e:
+        if ctx.world_size == 1:
+            raise
+        err = e
+    if ctx.world_size == 1:  # a group of one: the plain op on the whole batch
+        single = ctx.num_sequences == 1
+        return ops._run("chunk", package, names, tensors, scale, initial_state, output_final_state,
+                        None if single else ctx.cu_seqlens.to(tensors[0].device),
+                        None if single else ctx.cu_seqlens_cpu, chunk_size, lower_bound)
+    _check_agreement(ctx, info, err)
+    q, k, v, a, b, g = tensors
+    N, H, K, V = ctx.num_sequences, info["H"], info["K"], info["V"]
+    h0 = (torch.zeros((N, H, K, V), dtype=torch.float32, device=q.device) if initial_state is None
+          else initial_state.to(torch.float32))
+    call = _Call(ctx, package, str(package.dir), variant_a, variant_b, info["scale"])
+    args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
+    o, ht = _CPChunk.apply(call, *args)
+    return o, (ht if output_final_state else None)
+
+
+def _check_call(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale: Any, initial_state: Any,
+                cu_seqlens: Any, chunk_size: Optional[int], lower_bound: Optional[float], ctx: CPContext
+                ) -> dict[str, Any]:
+    """This rank's argument checks; returns the checked shapes, dtypes and scale."""
+    from . import ops
+
+    if cu_seqlens is not None and not (cu_seqlens is ctx.cu_seqlens or (
+            isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.tolist() == ctx.cu_seqlens_cpu.tolist())):
+        raise ValueError("cu_seqlens: under cp_context the rank's sequence boundaries come from the context "
+                         "(cp_context.cu_seqlens); pass cu_seqlens=None")
+    info = ops._check_inputs(names, tensors, scale, None, None, None)
+    info.update(dtype=tensors[0].dtype, gate_dtype=tensors[5].dtype)
+    ops._check_keywords(chunk_size, lower_bound)
+    B, T, H, K, V = (info[n] for n in ("B", "T", "H", "K", "V"))
+    if B != 1:
+        raise ValueError(f"under cp_context the batch is packed: {names[0]} must be [1, T_local, H, K], got B = {B}")
+    N = ctx.num_sequences
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != (N, H, K, V):
+            got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__
+            raise ValueError(f"initial_state must be [N_global, H, K, V] = {(N, H, K, V)} under cp_context (one per "
+                             f"global sequence, the same on every rank), got {got}")
+        if initial_state.device != tensors[0].device:
+            raise ValueError(f"initial_state is on {initial_state.device} but {names[0]} is on {tensors[0].device}")
+    place = dist.get_rank(ctx.group)
+    if place != ctx.rank:
+        raise ValueError(f"cp_context was built for rank {ctx.rank} of its group, but this process is rank {place} "
+                         "there: a context built for another group or process")
+    if T * ctx.world_size != ctx.offsets[-1]:
+        raise ValueError(f"cp_context: cu_seqlens total T_global = {ctx.offsets[-1]} must be world_size "
+                         f"({ctx.world_size}) x T_local, but {names[0]} has T_local = {T} tokens on rank {ctx.rank}")
+    return info
+
+
+def _variants(package: "SpecPackage", tensors: tuple[torch.Tensor, ...], chunk_size: Optional[int],
+              lower_bound: Optional[float], ctx: CPContext) -> tuple[Optional[str], Optional[str]]:
+    """(the dense variant of the sequences crossing this rank's boundaries, the variant of those inside it (varlen
+    if several, else dense)); None where there are none."""
+    from . import ops
+
+    if ctx.world_size == 1:
+        return None, None
+    q, _, v, _, _, g = tensors
+    lay = _Layout.of(ctx)
+    dense = mids = None
+    if lay.enter or lay.leave_id is not None:
+        dense = ops.variant_for(package, "chunk", q, v, g, None, chunk_size, lower_bound)
+        _need_maps(*ops._kernels(str(package.dir), dense, q.device))
+    if lay.mids:
+        mids = ops.variant_for(package, "chunk", q, v, g, ctx.cu_seqlens if len(lay.mids) > 1 else None, chunk_size,
+                               lower_bound)
+    return dense, mids
