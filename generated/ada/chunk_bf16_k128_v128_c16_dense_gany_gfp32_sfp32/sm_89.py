@@ -83,13 +83,18 @@ def _gates_of(g, gk, p, tok, m_k, lenc, sT, SCAN_AS_DOT: tl.constexpr):
 
 @triton.jit
 def _inv_unit_triangular(A, BC: tl.constexpr):
-    """(I - A)^-1 for a strictly triangular (nilpotent) A: (I + A)(I + A^2)(I + A^4)...(I + A^(BC/2))."""
+    """(I - A)^-1 for a strictly lower triangular A, by forward substitution in fp32 on the CUDA cores:
+    row i of T = (I - A)^-1 is e_i + sum_{j<i} A[i, j] T[j, :]. Each row sums terms bounded by the result's
+    own rows, so the error stays at fp32 rounding even where A is near -1 (delta-rule inputs, b = -a with
+    correlated a). The product form (I + A)(I + A^2)(I + A^4)... sums alternating terms of A^n up to ~200x
+    the result's size at C = 16 there, which tf32 dots turned into 1-2% errors in the inverse."""
     o_c = tl.arange(0, BC)
-    Tm = tl.where(o_c[:, None] == o_c[None, :], 1., 0.) + A
-    P = A
-    for _ in tl.static_range(3):
-        P = _dot(P, P)
-        Tm = Tm + _dot(Tm, P)
+    Tm = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
+    At = tl.trans(A)  # column i of A^T is row i of A, laid along T's row axis
+    for i in tl.static_range(1, BC):
+        a_i = tl.sum(tl.where(o_c[None, :] == i, At, 0.), 1)
+        row = tl.sum(a_i[:, None] * Tm, 0)
+        Tm = tl.where(o_c[:, None] == i, Tm + row[None, :], Tm)
     return Tm
 
 
