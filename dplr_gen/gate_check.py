@@ -22,10 +22,9 @@ import torch
 CHECK_ENV = "DPLR_GEN_CHECK_LOWER_BOUND"
 
 
-def _broken(lower_bound: float, minimum: str | None) -> str:
-    found = f"min(gk) = {minimum}" if minimum else "a gate is below it (or NaN)"
+def _broken(lower_bound: float, minimum: str) -> str:
     return (
-        f"lower_bound={lower_bound} promises gk >= {lower_bound} everywhere, but {found}: the variant "
+        f"lower_bound={lower_bound} promises gk >= {lower_bound} everywhere, but min(gk) = {minimum}: the variant "
         f"built for that bound would return wrong numbers. Pass lower_bound=None (any gate) or a bound at or "
         f"below the gates' minimum; {CHECK_ENV}=0 skips this check"
     )
@@ -42,4 +41,10 @@ def check_lower_bound(gk: torch.Tensor, lower_bound: float) -> None:
             raise ValueError(_broken(lower_bound, f"{minimum.item():.6g}"))
         return
     # in a compiled graph too: the assert is a graph node
-    torch._assert_async(minimum >= lower_bound, _broken(lower_bound, None))
+    torch._assert_async(minimum >= lower_bound, device_message(lower_bound))
+
+
+def device_message(lower_bound: float) -> str:
+    """The device assert's message: CUDA keeps at most 254 characters, so it names the broken promise and how
+    to get the full error."""
+    return f"dplr_gen: gk < lower_bound={lower_bound:.6g} (or NaN); rerun with {CHECK_ENV}=sync for details"
