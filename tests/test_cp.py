@@ -80,7 +80,7 @@ def _worker(rank: int, world: int, port: int, pkg_dir: str, work: str, segments:
         x = {n: data[n][:, rank * T:(rank + 1) * T].clone().requires_grad_(True) for n in NAMES}
         h0 = data["h0"].clone().requires_grad_(True)
         if mode == "disagree" and rank == 1:  # a head size the other ranks do not use
-            x = {n: t.detach()[:, :, :, :8].contiguous() for n, t in x.items()}
+            x = {n: torch.cat([t.detach(), t.detach()], -1) for n, t in x.items()}
             h0 = None
         if mode == "refused" and rank == 1:  # an initial state of the wrong size
             h0 = h0[:, :, :8]
@@ -187,7 +187,7 @@ def test_ranks_disagreeing_or_refusing(pkg, tmp_path: Path) -> None:
     fails with its own error and the others name it (none waits for the exchange)."""
     data = _inputs([0, 64], 1, 16, seed=3)
     for res in _spawn(tmp_path, pkg, 2, data, mode="disagree"):
-        assert "the ranks disagree on K: [16, 8]" in res.get("error", ""), res
+        assert "the ranks disagree on K: [16, 32]" in res.get("error", ""), res
     rank0, rank1 = _spawn(tmp_path, pkg, 2, data, mode="refused")
     assert "initial_state must be [N_global, H, K, V] = (1, 1, 16, 16)" in rank1.get("error", ""), rank1
     assert "rank(s) [1] of the group refused their arguments" in rank0.get("error", ""), rank0
