@@ -33,6 +33,8 @@ PREC = tl.constexpr("tf32x3")
 # any-gate variants: a chunk whose factored exponents all lie within +-FACTOR_LIMIT takes the factored form
 # (_factorable); bounded variants qualify by their bound, C * |bound| / 2 <= FACTOR_LIMIT, at render time
 FACTOR_LIMIT = tl.constexpr(30.0)
+# the prep's (I - A_ab)^-1 takes the product form where every row of |A_ab| sums to at most this (_inv_by_product)
+INV_PRODUCT_LIMIT = tl.constexpr(0.75)
 # the backward's prep writes W last (see PREP_BWD_W_LAST in the template)
 PREP_BWD_W_LAST = tl.constexpr(False)
 # the token pass derives states with (B e^(gamma_C - gamma))^T: the backward's prep writes it even where the
@@ -84,12 +86,33 @@ def _gates_of(g, gk, p, tok, m_k, lenc, sT, SCAN_AS_DOT: tl.constexpr):
 
 
 @triton.jit
-def _inv_unit_triangular(A, BC: tl.constexpr):
-    """(I - A)^-1 for a strictly lower triangular A, by forward substitution in fp32 on the CUDA cores:
-    row i of T = (I - A)^-1 is e_i + sum_{j<i} A[i, j] T[j, :]. Each row sums terms bounded by the result's
-    own rows, so the error stays at fp32 rounding even where A is near -1 (delta-rule inputs, b = -a with
-    correlated a). The product form (I + A)(I + A^2)(I + A^4)... sums alternating terms of A^n up to ~200x
-    the result's size at C = 16 there, which tf32 dots turned into 1-2% errors in the inverse."""
+def _inv_by_product(A):
+    """Which form computes (I - A)^-1 for this chunk's strictly lower triangular A [BC, BC].
+    Where every row of |A| sums to at most INV_PRODUCT_LIMIT, the terms of the Neumann series shrink
+    geometrically (their sum stays below 1 / (1 - limit) = 4x the result) and the product form's dots are as
+    accurate as their operands (RWKV-7 inputs: row sums 0.2-0.5). Elsewhere (delta-rule inputs, b = -a with
+    correlated a: row sums near 7) that series sums alternating terms up to ~200x the result, which tf32 dots
+    turned into 1-2% errors in the inverse: forward substitution in fp32 on the CUDA cores stays at fp32
+    rounding there (row i of T is e_i + sum_{j<i} A[i, j] T[j, :], each row built from final, bounded rows),
+    at ~0.07 ms more per forward at (8, 2048, 16, 128) on an H100 (docs/design.md, numerics)."""
+    return tl.max(tl.sum(tl.abs(A), 1)) <= INV_PRODUCT_LIMIT
+
+
+@triton.jit
+def _inv_product(A, BC: tl.constexpr):
+    """(I - A)^-1 = (I + A)(I + A^2)(I + A^4)...(I + A^(BC/2)) for a nilpotent A (see _inv_by_product)."""
+    o_c = tl.arange(0, BC)
+    Tm = tl.where(o_c[:, None] == o_c[None, :], 1., 0.) + A
+    P = A
+    for _ in tl.static_range(3):
+        P = _dot(P, P)
+        Tm = Tm + _dot(Tm, P)
+    return Tm
+
+
+@triton.jit
+def _inv_substitution(A, BC: tl.constexpr):
+    """(I - A)^-1 by forward substitution in fp32 (see _inv_by_product)."""
     o_c = tl.arange(0, BC)
     Tm = tl.where(o_c[:, None] == o_c[None, :], 1., 0.)
     At = tl.trans(A)  # column i of A^T is row i of A, laid along T's row axis
@@ -280,49 +303,72 @@ def _prep(
 
 
 @triton.jit
+def _inv_unit_triangular(A, BC: tl.constexpr):
+    """(I - A)^-1 for a strictly lower triangular A [BC, BC]: the product form, replaced by forward
+    substitution in the chunks whose A it does not suit (_inv_by_product). The product form's dots run
+    unconditionally, outside the branch: a dot chain inside it got two MMA layouts and a conversion between
+    them (sm_90, K = 128); the substitution has no dots."""
+    Tm = _inv_product(A, BC)
+    if not _inv_by_product(A):
+        Tm = _inv_substitution(A, BC)
+    return Tm
+
+
+@triton.jit
 def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck, p_cc,
                    o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K: tl.constexpr, BC: tl.constexpr,
                    FOR_BWD: tl.constexpr):
-    """The prep's products of one chunk's A matrices: (I - A_ab)^-1 and what is formed with it (see _prep).
-    fp32 products, rounded once when stored. Every row is written (rows past the chunk's end are zero), so
-    the state passes read no stale memory. keep_wm false (backward only): W and M are not written; keep_fwd
-    (backward only): the forward's A_qk and A_qb are written too."""
+    """The prep's products of one chunk's A matrices: (I - A_ab)^-1 and what is formed with it (see _prep)."""
     if FOR_BWD:
-        Tm = _inv_unit_triangular(Aab, BC)
-        # (the masked-off stores of W and M leave their products unused; they cost no memory traffic)
-        m_cc = (o_c[:, None] >= 0) & keep_wm
-        if PREP_BWD_W_LAST:
-            tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty), mask=m_cc)
-        else:
-            W = _dot(Tm, b_a * tl.exp(gamp))
-            M = _dot(Tm, Aak)
-            tl.store(w + p_ck, W.to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
-            tl.store(m + p_cc, M.to(m.dtype.element_ty), mask=m_cc)
-        # the transposed products are formed untransposed (Y^T = (B e^..)^T (I - A_ab)^-1, P^T = A_qb
-        # (I - A_ab)^-1: no transposed dot result enters a dot) and written through transposed offsets
-        YT = _dot(tl.trans(b_b * tl.exp(gend)), Tm)
-        PT = _dot(Aqb, Tm)
-        tl.store(x1 + base_ck + o_c[None, :] * K + o_k[:, None], YT.to(x1.dtype.element_ty), mask=m_k[:, None])
-        p_ccT = base_cc + o_c[None, :] * BC + o_c[:, None]
-        tl.store(x2 + p_ccT, PT.to(x2.dtype.element_ty))
-        tl.store(x5 + p_ccT, Aqk.to(x5.dtype.element_ty))
-        tl.store(x6 + p_ccT, Aak.to(x6.dtype.element_ty))
-        m_fwd = (o_c[:, None] >= 0) & keep_fwd
-        tl.store(aqk + p_cc, Aqk.to(aqk.dtype.element_ty), mask=m_fwd)
-        tl.store(aqb + p_cc, Aqb.to(aqb.dtype.element_ty), mask=m_fwd)
-        if PREP_BWD_W_LAST:
-            tl.store(w + p_ck, _dot(Tm, b_a * tl.exp(gamp)).to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
+        _prep_stores_bwd(_inv_unit_triangular(Aab, BC), Aqk, Aqb, Aak, b_a, b_b, gamp, gend, w, m, x1, x2, x5,
+                         x6, base_ck, base_cc, p_ck, p_cc, o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K, BC)
     else:
         # the forward forms A e^gamma' before the inverse (the a and gamma' tiles die there) and W last, after
         # the [C, C] stores. H100, Triton 3.6, bf16, K = 128 at 2 warps: Triton's spill count 74 -> 22 and
         # 0.374 -> 0.296 ms at (8, 2048, 16, 128); K = 64: 0.281 -> 0.278 ms at (4, 4096, 32, 64)
         # (docs/design.md, preps).
         aw = b_a * tl.exp(gamp)
-        Tm = _inv_unit_triangular(Aab, BC)
-        tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty))
-        tl.store(x1 + p_cc, Aqk.to(x1.dtype.element_ty))
-        tl.store(x2 + p_cc, Aqb.to(x2.dtype.element_ty))
-        tl.store(w + p_ck, _dot(Tm, aw).to(w.dtype.element_ty), mask=m_k[None, :])
+        _prep_stores_fwd(_inv_unit_triangular(Aab, BC), Aqk, Aqb, Aak, aw, w, m, x1, x2, p_ck, p_cc, m_k)
+
+
+@triton.jit
+def _prep_stores_fwd(Tm, Aqk, Aqb, Aak, aw, w, m, x1, x2, p_ck, p_cc, m_k):
+    """The forward prep's stores, given Tm = (I - A_ab)^-1: M = Tm A_ak, A_qk, A_qb, then W = Tm A e^gamma'.
+    fp32 products, rounded once when stored; every row is written (rows past the chunk's end are zero)."""
+    tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty))
+    tl.store(x1 + p_cc, Aqk.to(x1.dtype.element_ty))
+    tl.store(x2 + p_cc, Aqb.to(x2.dtype.element_ty))
+    tl.store(w + p_ck, _dot(Tm, aw).to(w.dtype.element_ty), mask=m_k[None, :])
+
+
+@triton.jit
+def _prep_stores_bwd(Tm, Aqk, Aqb, Aak, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck, p_cc,
+                     o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K: tl.constexpr, BC: tl.constexpr):
+    """The backward prep's stores, given Tm = (I - A_ab)^-1 (see _prep). keep_wm false: W and M are not
+    written; keep_fwd: the forward's A_qk and A_qb are written too."""
+    # (the masked-off stores of W and M leave their products unused; they cost no memory traffic)
+    m_cc = (o_c[:, None] >= 0) & keep_wm
+    if PREP_BWD_W_LAST:
+        tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty), mask=m_cc)
+    else:
+        W = _dot(Tm, b_a * tl.exp(gamp))
+        M = _dot(Tm, Aak)
+        tl.store(w + p_ck, W.to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
+        tl.store(m + p_cc, M.to(m.dtype.element_ty), mask=m_cc)
+    # the transposed products are formed untransposed (Y^T = (B e^..)^T (I - A_ab)^-1, P^T = A_qb
+    # (I - A_ab)^-1: no transposed dot result enters a dot) and written through transposed offsets
+    YT = _dot(tl.trans(b_b * tl.exp(gend)), Tm)
+    PT = _dot(Aqb, Tm)
+    tl.store(x1 + base_ck + o_c[None, :] * K + o_k[:, None], YT.to(x1.dtype.element_ty), mask=m_k[:, None])
+    p_ccT = base_cc + o_c[None, :] * BC + o_c[:, None]
+    tl.store(x2 + p_ccT, PT.to(x2.dtype.element_ty))
+    tl.store(x5 + p_ccT, Aqk.to(x5.dtype.element_ty))
+    tl.store(x6 + p_ccT, Aak.to(x6.dtype.element_ty))
+    m_fwd = (o_c[:, None] >= 0) & keep_fwd
+    tl.store(aqk + p_cc, Aqk.to(aqk.dtype.element_ty), mask=m_fwd)
+    tl.store(aqb + p_cc, Aqb.to(aqb.dtype.element_ty), mask=m_fwd)
+    if PREP_BWD_W_LAST:
+        tl.store(w + p_ck, _dot(Tm, b_a * tl.exp(gamp)).to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
 
 
 @triton.jit
