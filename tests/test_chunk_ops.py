@@ -251,6 +251,29 @@ def test_extreme_gates_no_nan(pkg) -> None:
         assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
 
 
+def delta_rule_inputs(B: int, T: int, H: int, K: int, dtype: torch.dtype, signed: bool) -> dict[str, Any]:
+    """Generalized-delta-rule inputs as fla's tests make them: b = -a with a L2-normalised (non-negative or signed),
+    slow gates logsigmoid(randn) / 10, random h0. Correlated non-negative a makes every row of |A_ab| sum to ~7:
+    the prep inverts (I - A_ab) by forward substitution there, by the product form on RWKV-7 inputs."""
+    a = torch.nn.functional.normalize(torch.randn(B, T, H, K) if signed else torch.rand(B, T, H, K), dim=-1)
+    x = {"q": torch.randn(B, T, H, K), "k": torch.randn(B, T, H, K), "v": torch.randn(B, T, H, K), "a": a, "b": -a,
+         "gk": torch.nn.functional.logsigmoid(torch.randn(B, T, H, K)) / 10}
+    return {**{n: t.to(dtype) for n, t in x.items()}, "initial_state": torch.randn(B, H, K, K)}
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-5), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("signed", [False, True])
+def test_delta_rule_inputs(pkg, dtype: torch.dtype, bound: float, signed: bool) -> None:
+    x = delta_rule_inputs(1, 45, 2, 32, dtype, signed)
+    o, ht, xs = run_op(pkg, x, scale=32**-0.5)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    torch.autograd.backward((o, ht), (do, dht))
+    ro, rht, rg = reference_with_grads(x, 32**-0.5, None, do, dht)
+    assert rel_err(o, ro) <= bound and rel_err(ht, rht) <= bound
+    for n in NAMES:
+        assert rel_err(xs[n].grad, rg[n]) <= bound, n
+
+
 def test_t1_and_fla_keywords(pkg) -> None:
     x = rwkv7_inputs(3, 1, 2, 32, dtype=torch.float32)
     o, ht, _ = run_op(pkg, x, chunk_size=64, safe_gate=True, disable_recompute=True)
