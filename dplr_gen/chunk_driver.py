@@ -22,6 +22,9 @@ from typing import NamedTuple
 
 import torch
 
+from . import gate_check
+from .gate_check import Promise
+
 PREP = "chunk_dplr_prep_kernel"
 FWD = "chunk_dplr_fwd_kernel"
 FWD_H = "chunk_dplr_fwd_h_kernel"
@@ -294,7 +297,8 @@ def state_step_operands(pr: Prep) -> tuple[torch.Tensor, ...]:
 
 
 def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = False,
-               chunk_map: torch.Tensor | None = None, pass_ops: bool = True, fwd_ops: bool = False) -> Prep:
+               chunk_map: torch.Tensor | None = None, pass_ops: bool = True, fwd_ops: bool = False,
+               promise: Promise | None = None) -> Prep:
     """The chunk-parallel, state-independent work (see ``Prep``), for the forward or (``for_bwd``) for the
     backward's passes. ``pass_ops=False`` (backward only, where the forward kept the states): W, M and, unless
     the token pass derives states with it, (B e^..)^T are neither written nor allocated (None in ``Prep``):
@@ -302,7 +306,9 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     0.312 at (4, 4096, 32, 64), 0.338 -> 0.331 at (8, 2048, 16, 128) (docs/design.md, keeping the states).
     ``fwd_ops=True`` (backward's prep with every output, run by a forward that keeps the states for the
     backward): it also writes the forward pass's A_qk, A_qb and Q e^gamma, and ``fwd`` of the result is the
-    forward's view of it; one prep then serves both directions (docs/design.md, keeping the states)."""
+    forward's view of it; one prep then serves both directions (docs/design.md, keeping the states).
+    ``promise`` (bounded variants only): the prep clears its flag where a gate breaks the caller's lower_bound
+    (gate_check); the caller queues the assert on it (gate_check.confirm)."""
     _, T, H, K = q.shape
     C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
@@ -325,14 +331,37 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
     bwd_args = [x4, x5, x6, int(not skip_wm), *(fx or (stub,) * 3), int(fwd_ops)] if for_bwd else []
     getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
-        q, k, a, b, gk, w_, m_, bwt_, kwt, egc, x1, x2, x3, *bwd_args,
+        q, k, a, b, gk, w_, m_, bwt_, kwt, egc, x1, x2, x3, *bwd_args, *_promise_args(v, promise, q.device),
         *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
     fwd = Prep(w, m, bwt, kwt, egc, *fx, None, None, None) if fx else None
     return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, fwd)
 
 
+def _promise_args(v, promise: Promise | None, device: torch.device) -> list:
+    """The prep's promise arguments (kept, lower_bound): a bounded variant's prep always takes them (a scratch
+    flag and its own bound where nothing is checked), one for any gate none."""
+    if v.gate_bound is None:
+        if promise is not None:
+            raise ValueError(f"promise: variant {v.name} is for any gate, its prep checks no lower_bound")
+        return []
+    if promise is None:
+        return [gate_check.scratch_flag(device), float(v.gate_bound)]
+    return [promise.kept, promise.lower_bound]
+
+
+def promise_kept(ks, v, q, k, a, b, gk, lower_bound: float, cu_seqlens: torch.Tensor | None = None,
+                 for_fwd_and_bwd: bool = False) -> bool:
+    """Whether the forward's prep of bounded variant ``v`` (``for_fwd_and_bwd``: the backward's prep a forward
+    that keeps the states runs) finds every gate >= lower_bound, with a fresh flag and no assert (tests)."""
+    promise = Promise(float(lower_bound), torch.ones((1,), dtype=torch.int32, device=q.device))
+    N, n_slots = _layout(v.chunk_size, q, cu_seqlens)
+    chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, for_bwd=for_fwd_and_bwd, fwd_ops=for_fwd_and_bwd,
+               promise=promise)
+    return bool(promise.kept.item())
+
+
 def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_seqlens, keep_states: bool = True,
-                   prep_for_bwd: bool = False, offsets: list[int] | None = None):
+                   prep_for_bwd: bool = False, offsets: list[int] | None = None, promise: Promise | None = None):
     """Returns (o, final_state [N, H, K, V] fp32, saved): the chunk-parallel prep (A matrices,
     (I - A_ab)^-1 and its products), then the sequential state pass, which also writes O and, if
     ``keep_states``, the state entering every token-pass chunk (``h``, see ``states_shape``) and U (as v)
@@ -342,7 +371,8 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     so the backward runs no prep: one launch and one read of q, k, a, b, gk less, for ~4.8 [B, T, H, K]
     tensors (K = 64; ~5.4 at K = 128, whose deriving token pass also reads (B e^..)^T) held from the forward to
     the backward instead of allocated in it. ``offsets``: cu_seqlens as the caller read it on the host, if it
-    did (``slot_map``)."""
+    did (``slot_map``). ``promise``: checked by the prep (bounded variants; gate_check), then asserted on the
+    device."""
     if prep_for_bwd and not keep_states:
         raise ValueError("prep_for_bwd: only a forward that keeps the states (keep_states) runs the backward's prep")
     B, T, H, K = q.shape
@@ -360,12 +390,14 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     ht = _empty((N, H, K, V), torch.float32, dev)
     if prep_for_bwd:
         full = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, for_bwd=True, chunk_map=saved["chunk_map"],
-                          fwd_ops=True)
+                          fwd_ops=True, promise=promise)
         pr = full.fwd
         # what the reverse pass (and a deriving token pass) reads; W, M and the forward's own operands die here
         saved["prep"] = full._replace(w=None, m=None, bwt=full.bwt if derives_states(ks) else None, fwd=None)
     else:
-        pr = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"])
+        pr = chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots, chunk_map=saved["chunk_map"], promise=promise)
+    if promise is not None:
+        gate_check.confirm(promise)
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
     args = (pr.x3, pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, initial_state, h, ht, u)
     tail = (float(scale), int(keep_states), T, H)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from . import fused_recurrent_driver
-from .gate_check import check_lower_bound
+from . import gate_check
 from .variant import HEAD_DIM_MAX, HEAD_DIM_MIN
 
 if TYPE_CHECKING:
@@ -220,15 +220,17 @@ def _chunk_fwd_run(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
     keep_states: bool, prep_for_bwd: bool = False, offsets: Optional[list[int]] = None,
+    lower_bound: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]:
     """(o, final state, then the chunk-start states h and U if ``keep_states``, else two empty tensors, then
     the backward's prep if ``prep_for_bwd``: see chunk_driver.chunk_dplr_fwd; ``offsets``: cu_seqlens as
-    read on the host, if it was)."""
+    read on the host, if it was; ``lower_bound``: the promise the bounded variant's prep checks, from
+    gate_check.check_lower_bound)."""
     from . import chunk_driver
 
     ks, var = _kernels(pkg, variant, q.device)
     o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens, keep_states,
-                                                prep_for_bwd, offsets)
+                                                prep_for_bwd, offsets, gate_check.promise_for(gk, lower_bound))
     h, u = saved["states"] if keep_states else (h0.new_empty(0), v.new_empty(0))
     return o, ht, h, u, saved["prep"]
 
@@ -236,10 +238,11 @@ def _chunk_fwd_run(
 def _chunk_fwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
-    keep_states: bool,
+    keep_states: bool, lower_bound: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, final state, then the chunk-start states h and U if ``keep_states``, else two empty tensors)."""
-    return _chunk_fwd_run(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, keep_states)[:4]
+    return _chunk_fwd_run(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, keep_states,
+                          lower_bound=lower_bound)[:4]
 
 
 def _chunk_bwd_run(
@@ -326,7 +329,7 @@ def _fused_fwd_fake(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale):  # 
 
 
 @_chunk_fwd.register_fake
-def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, keep_states):  # type: ignore[no-untyped-def]
+def _(pkg, variant, q, k, v, a, b, gk, h0, cu_seqlens, scale, keep_states, lower_bound=None):  # type: ignore[no-untyped-def]
     from . import chunk_driver
 
     # the kernel set knows the token pass's chunk, which sizes h
@@ -363,7 +366,7 @@ def _grads(ctx: Any, op: str, do: torch.Tensor, dht: Optional[torch.Tensor], bwd
 
 
 def _chunk_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor], _dh: Any, _du: Any) -> tuple[Any, ...]:
-    return (None, None, *_grads(ctx, "chunk", do, dht, _chunk_bwd), None, None, None)
+    return (None, None, *_grads(ctx, "chunk", do, dht, _chunk_bwd), None, None, None, None)
 
 
 def _fused_backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
@@ -387,12 +390,12 @@ class _EagerOp(torch.autograd.Function):
     backward's peak."""
 
     @staticmethod
-    def forward(ctx: Any, op: str, keep_states: bool, prep_for_bwd: bool, offsets: Optional[list[int]], *args: Any
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx: Any, op: str, keep_states: bool, prep_for_bwd: bool, offsets: Optional[list[int]],
+                lower_bound: Optional[float], *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.prep = []  # the forward's run of the backward's prep, if any: taken by the first backward
         ctx.offsets = offsets
         if op == "chunk":
-            *out, prep = _chunk_fwd_run(*args, keep_states, prep_for_bwd, offsets)
+            *out, prep = _chunk_fwd_run(*args, keep_states, prep_for_bwd, offsets, lower_bound)
             if prep is not None:
                 ctx.prep.append(prep)
         else:
@@ -404,7 +407,7 @@ class _EagerOp(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor, dht: Optional[torch.Tensor]) -> tuple[Any, ...]:
         grads = _grads(ctx, ctx.op, do, dht, _chunk_bwd_run, prep=ctx.prep, offsets=ctx.offsets)
-        return (None, None, None, None, None, None, *grads, None, None)
+        return (None, None, None, None, None, None, None, *grads, None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -425,10 +428,11 @@ def _run(
     cp_context: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     _check_keywords(chunk_size, lower_bound)
-    if lower_bound is not None:  # a broken promise would give finite, wrong numbers (gate_check)
-        check_lower_bound(tensors[5], lower_bound)
     if cp_context is not None:  # the rank's slice of a batch split over a process group (cp.py)
         from . import cp
+
+        if lower_bound is not None:  # a broken promise would give finite, wrong numbers (gate_check)
+            gate_check.check_lower_bound(tensors[5], lower_bound)
 
         return cp.run(names, package, tensors, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu, chunk_size, lower_bound, cp_context)
@@ -442,6 +446,12 @@ def _run(
         return o.to(torch.bfloat16), ht
     variant = variant_for(package, op, q, v, g, cu_seqlens, chunk_size, lower_bound)
     var = package.variants[variant]
+    # a broken promise would give finite, wrong numbers (gate_check): checked here, or (a bounded chunk variant
+    # on a GPU) by its forward prep, which then gets the bound
+    kernel_bound = None
+    if lower_bound is not None:
+        bounded = op == "chunk" and var.gate_bound is not None
+        kernel_bound = gate_check.check_lower_bound(g, lower_bound, in_kernel=bounded)
     g = g.to(TORCH_DTYPES[var.gate_dtype])
     if initial_state is None:
         h0 = q.new_zeros(info["N"], info["H"], info["K"], info["V"], dtype=torch.float32)
@@ -456,10 +466,10 @@ def _run(
     if not torch.compiler.is_compiling():
         # the forward that keeps the states runs the backward's prep too (_EagerOp)
         # (the sequence starts as read on the host for the checks: the varlen slot maps are built from them)
-        o, ht = _EagerOp.apply(op, keep, keep and PREP_IN_FORWARD, info["offsets"] or None, pkg, variant, *args, cu,
-                               info["scale"])
+        o, ht = _EagerOp.apply(op, keep, keep and PREP_IN_FORWARD, info["offsets"] or None, kernel_bound, pkg, variant,
+                               *args, cu, info["scale"])
     elif op == "chunk":
-        o, ht, _, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep)
+        o, ht, _, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep, kernel_bound)
     else:
         o, ht = _fused_fwd(pkg, variant, *args, cu, info["scale"])
     return o, (ht if output_final_state else None)
@@ -484,8 +494,9 @@ def chunk_dplr_delta_rule(
     eager mode the backward's prep too (~5 [B, T, H, K] tensors more until the backward); only where a backward
     can follow (grad mode on, an input that requires grad): otherwise it changes nothing;
     ``safe_gate`` (fla's promise that gk >= -5) is accepted for fla compatibility and changes nothing (pass
-    ``lower_bound`` to select a bounded variant). The ``lower_bound`` promise is checked (one reduction over gk; on
-    a GPU without a host sync: see dplr_gen.gate_check, and DPLR_GEN_CHECK_LOWER_BOUND=0 to skip it).
+    ``lower_bound`` to select a bounded variant). The ``lower_bound`` promise is checked (on a GPU
+    without a host sync, inside the bounded variant's prep: see dplr_gen.gate_check; DPLR_GEN_CHECK_LOWER_BOUND=0
+    skips it).
     ``initial_state`` may be float32 or a lower precision (bf16, fp16): the state is computed and returned in
     float32 either way, and its gradient comes back in initial_state's dtype. ``cp_context`` (from
     dplr_gen.cp.build_cp_context): the inputs are this rank's slice of a packed batch split over a process group

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dplr_gen import gate_check, ops
+from dplr_gen import chunk_driver, gate_check, ops
 from dplr_gen.reference import naive_dplr_delta_rule
 from dplr_gen.testing import rel_err, rwkv7_inputs
 
@@ -90,6 +90,59 @@ def test_async_form_carries_the_message(monkeypatch: pytest.MonkeyPatch) -> None
     gate_check.check_lower_bound(torch.full((3,), -0.5), -0.61)
     with pytest.raises(RuntimeError, match="lower_bound=-0.61"):
         gate_check.check_lower_bound(torch.full((3,), -0.7), -0.61)
+
+
+@pytest.mark.parametrize("both", [False, True], ids=["fwd_prep", "bwd_prep_in_fwd"])
+@pytest.mark.parametrize("gate, lower_bound, kept", [
+    (None, -0.61, True), (-0.62, -0.61, False), (float("nan"), -0.61, False),
+    # the caller's bound is checked, not the variant's (built for -0.61, it clamps there)
+    (-0.5, -0.4, False), (-0.5, -0.5, True),
+])
+def test_prep_flags_a_broken_promise(pkg, both: bool, gate: float | None, lower_bound: float, kept: bool) -> None:
+    """The bounded variant's preps (the forward's, and the backward's that a forward keeping the states runs)
+    clear the flag where a gate breaks the caller's promise, NaN included, and leave it set otherwise."""
+    x = _inputs(None)
+    x["gk"] = x["gk"].clamp(min=-0.3)
+    if gate is not None:
+        x["gk"][0, 13, 1, 7] = gate
+    variant = ops.variant_for(pkg, "chunk", x["q"], x["v"], x["gk"], lower_bound=lower_bound)
+    ks, var = ops._kernels(str(pkg.dir), variant, x["q"].device)
+    assert var.gate_bound == -0.61
+    got = chunk_driver.promise_kept(ks, var, *(x[n] for n in ("q", "k", "a", "b", "gk")), lower_bound,
+                                    for_fwd_and_bwd=both)
+    assert got is kept
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["recompute", "keep_states"])
+def test_kernel_form_end_to_end(pkg, monkeypatch: pytest.MonkeyPatch, keep: bool) -> None:
+    """The GPU's form on CPU tensors: the prep checks, the assert on its flag raises (at once, on CPU) with
+    the device message; a kept promise gives the exact result, gradients included; the switch skips it."""
+    monkeypatch.setattr(gate_check, "KERNEL_ON_CPU", True)
+    monkeypatch.delenv(gate_check.CHECK_ENV, raising=False)
+    calls = []
+    real = chunk_driver.chunk_prep
+    monkeypatch.setattr(chunk_driver, "chunk_prep", lambda *a, **kw: calls.append(kw.get("promise")) or real(*a, **kw))
+
+    def run(x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+        o, _ = ops.chunk_dplr_delta_rule(**xs, lower_bound=-0.61, disable_recompute=keep, package=pkg)
+        o.square().sum().backward()
+        return o, {n: t.grad for n, t in xs.items()}
+
+    for gate in (-1.0, float("nan")):
+        with pytest.raises(RuntimeError, match=r"gk < lower_bound=-0.61 \(or NaN\)"):
+            run(_inputs(gate))
+    assert calls and all(p is not None and p.lower_bound == -0.61 for p in calls)
+    x = _inputs(None)
+    o, grads = run(x)
+    x64 = {n: t.double().requires_grad_(True) for n, t in x.items()}
+    ref, _ = naive_dplr_delta_rule(**x64)
+    ref.square().sum().backward()
+    assert rel_err(o, ref) < 1e-5 and all(rel_err(grads[n], x64[n].grad) < 1e-4 for n in grads)
+    monkeypatch.setenv(gate_check.CHECK_ENV, "0")
+    calls.clear()
+    assert torch.isfinite(run(_inputs(-5.0))[0]).all()
+    assert calls and all(p is None for p in calls)  # no promise: the bounded prep gets the scratch flag
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -240,9 +240,19 @@ def _load_inputs(q, k, a, b, gk, p, m):
 
 
 @triton.jit
+def _check_promise(g, kept, lower_bound, m):
+    """Store 0 into the flag ``kept`` where a valid gate of the tile g breaks the caller's promise
+    g >= lower_bound, or is NaN: the gates are clamped at the built bound below, so a broken promise would
+    otherwise pass as finite, wrong results. Every such lane stores the same value (races are harmless); a
+    kept promise stores nothing."""
+    g = g.to(tl.float32)
+    tl.store(kept + tl.zeros(g.shape, tl.int32), 0, mask=((g < lower_bound) | (g != g)) & m)
+
+
+@triton.jit
 def _prep(
     q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, pass_ops, aqk, aqb, qw, fwd_ops,
-    T, H,
+    kept, lower_bound, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr,
 ):
     """The state-independent work of one chunk (program: chunk slot * H + head), written per slot:
@@ -259,7 +269,8 @@ def _prep(
     and (B e^..)^T, its operands only, are not written (their pointers may be one element long).
     fwd_ops != 0 (the backward's prep run by a forward that keeps the states: one prep for both passes): also
     the forward's A_qk, A_qb [C, C] and Q e^gamma [C, K] into aqk, aqb, qw, as the forward's prep writes them
-    (else those pointers may be one element long)."""
+    (else those pointers may be one element long).
+    kept, lower_bound: the caller's promise gk >= lower_bound, checked on every gate loaded (_check_promise)."""
     i_sh = tl.program_id(0)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
@@ -271,7 +282,9 @@ def _prep(
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
     b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
-    g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
+    r_g = tl.load(gk + p_x, mask=m_x, other=0.)
+    _check_promise(r_g, kept, lower_bound, m_x)
+    g, gam, gamp, gend, gC = _gates_of(r_g, gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K, False)
     base_ck = (slot * H + i_h) * BC * K
     base_cc = (slot * H + i_h) * BC * BC
     p_ck = base_ck + o_c[:, None] * K + o_k[None, :]
@@ -368,22 +381,22 @@ def _prep_stores_bwd(Tm, Aqk, Aqb, Aak, b_a, b_b, gamp, gend, w, m, x1, x2, x5, 
 @triton.jit
 def chunk_dplr_prep_kernel(
     q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw,
-    T, H,
+    kept, lower_bound, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     # x4 to x6 are not written by the forward's prep: qw stands in for them
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, T, H, K, BC,
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, kept, lower_bound, T, H, K, BC,
           BK, False)
 
 
 @triton.jit
 def chunk_dplr_prep_bwd_kernel(
     q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk, aqb, qw, store_fwd_ops,
-    T, H,
+    kept, lower_bound, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk, aqb, qw,
-          store_fwd_ops, T, H, K, BC, BK, True)
+          store_fwd_ops, kept, lower_bound, T, H, K, BC, BK, True)
 
 
 @triton.jit
@@ -699,6 +712,7 @@ SIGNATURES = {
         "q": "*bf16", "k": "*bf16", "a": "*bf16", "b": "*bf16", "gk": "*fp32",
         "w": "*bf16", "m": "*bf16", "bwt": "*bf16", "kwt": "*bf16", "egc": "*fp32",
         "aqk": "*bf16", "aqb": "*bf16", "qw": "*bf16",
+        "kept": "*i32", "lower_bound": "fp32",
         "T": "i32", "H": "i32",
     },
     "chunk_dplr_fwd_kernel": {
@@ -718,6 +732,7 @@ SIGNATURES = {
         "y": "*bf16", "p": "*bf16", "qwt": "*bf16", "awt": "*bf16",
         "aqkt": "*bf16", "aakt": "*bf16", "store_pass_ops": "i32",
         "aqk": "*bf16", "aqb": "*bf16", "qw": "*bf16", "store_fwd_ops": "i32",
+        "kept": "*i32", "lower_bound": "fp32",
         "T": "i32", "H": "i32",
     },
     "chunk_dplr_bwd_dh_kernel": {
