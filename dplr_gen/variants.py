@@ -132,6 +132,13 @@ def _resolve_knobs(
                 if not lenient:
                     raise
                 out[stage] = out[stage].model_copy(update={knob: None})
+        if lenient:
+            # the segmented state passes are tuned for the spec's own head dims and do not build at others on
+            # sm_90 (K = 16: a conversion between MMA layouts; K = 256: 262 KB of shared memory): a variant
+            # generated on demand walks whole sequences
+            for stage in ("fwd_small", "bwd_dh_small"):
+                if stage in out and out[stage].segments:
+                    out[stage] = out[stage].model_copy(update={"segments": None})
     return out
 
 

@@ -319,3 +319,17 @@ def test_other_compile_failures_are_errors(pkg, tmp_path: Path, monkeypatch: pyt
     v = Variant("fused_recurrent", "fp16", "fp32", 40, 40, None, False, None, "fp32", None)
     with pytest.raises(RuntimeError, match="generating variant fused_recurrent_fp16_k40.* sm_80 failed: the compiler"):
         ondemand.prepare(spec, v, "sm_80", root=tmp_path)
+
+
+def test_segments_dropped_for_variants_generated_from_the_hopper_spec(tmp_path: Path) -> None:
+    """hopper.yaml tunes its dense bf16 variants' small-grid state passes over 8 segments; those kernels do not
+    build for sm_90 at K = 16 (a conversion between MMA layouts) or K = 256 (262 KB of shared memory), so a
+    variant generated on demand takes no segments, and K = 16 compiles."""
+    spec_path = Path(__file__).resolve().parent.parent / "specs" / "hopper.yaml"
+    spec = load_spec(spec_path)
+    for K, bound in ((16, -0.61), (256, None), (64, None)):
+        u = ondemand.unit_of(spec, Variant("chunk", "bf16", "bf16", K, K, 16, False, bound, "fp32", None), "sm_90")
+        assert all(not (k.segments or 0) for k in u.tune.values()), (K, u.tune)
+    v = Variant("chunk", "bf16", "bf16", 16, 16, 16, False, -0.61, "fp32", None)
+    res = _prepare_in_subprocess(spec_path, v, "sm_90", tmp_path)
+    assert res["compiled"] == len(res["kernels"]) >= 6
