@@ -560,7 +560,7 @@ def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Ten
     N, H, K, V = ctx.num_sequences, info["H"], info["K"], info["V"]
     h0 = (torch.zeros((N, H, K, V), dtype=torch.float32, device=q.device) if initial_state is None
           else initial_state.to(torch.float32))
-    call = _Call(ctx, package, str(package.dir), variant_a, variant_b, info["scale"])
+    call = _Call(ctx, package, package.dir_str, variant_a, variant_b, info["scale"])
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     o, ht = _CPChunk.apply(call, *args)
     return o, (ht if output_final_state else None)
@@ -613,7 +613,7 @@ def _variants(package: "SpecPackage", tensors: tuple[torch.Tensor, ...], chunk_s
     dense = mids = None
     if lay.enter or lay.leave_id is not None:
         dense = ops.variant_for(package, "chunk", q, v, g, None, chunk_size, lower_bound)
-        _need_maps(*ops._kernels(str(package.dir), dense, q.device))
+        _need_maps(*ops._kernels(package.dir_str, dense, q.device))
     if lay.mids:
         mids = ops.variant_for(package, "chunk", q, v, g, ctx.cu_seqlens if len(lay.mids) > 1 else None, chunk_size,
                                lower_bound)

@@ -353,7 +353,7 @@ def spec_of(package_dir: str, spec_file: str, name: str) -> "Spec":
 
 def kernel_set(package: "SpecPackage", v: Variant, target: str) -> KernelSet:
     """The kernels of on-demand variant ``v`` for ``target`` (rendered and compiled where not in the cache)."""
-    spec = spec_of(str(package.dir), package.spec_file, package.name)
+    spec = spec_of(package.dir_str, package.spec_file, package.name)
     interp = interpreting()
     prepared = prepare(spec, v, target, compile=not interp)
     module = import_source(prepared.source, f"dplr_gen_kernels.{package.name}.ondemand.{prepared.source.stem}")

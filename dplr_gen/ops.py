@@ -195,7 +195,7 @@ def variant_for(
 ) -> str:
     """The variant the public op runs for these (checked) inputs: q's dtype and head dim, v's head dim, varlen
     or not, gk's dtype, and the keywords."""
-    return _select(str(package.dir), op, q.dtype, q.shape[-1], v.shape[-1], cu_seqlens is not None, chunk_size,
+    return _select(package.dir_str, op, q.dtype, q.shape[-1], v.shape[-1], cu_seqlens is not None, chunk_size,
                    lower_bound, gk.dtype)
 
 
@@ -460,7 +460,7 @@ def _run(
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     # the package travels as its folder path: custom ops take plain strings, and paths are unique
-    pkg = str(package.dir)
+    pkg = package.dir_str
     # the states are kept only for a backward to come (without one they would be written for nothing)
     keep = bool(keep_states) and op == "chunk" and torch.is_grad_enabled() and any(t.requires_grad for t in args)
     if not torch.compiler.is_compiling():

@@ -178,6 +178,9 @@ class SpecPackage:
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
+        # the ops key their caches on this string: formed once here, never by str(Path) inside a traced region
+        # (dynamo cannot trace pathlib's __str__ on Python 3.12)
+        self.dir_str: str = str(directory)
         self.index: dict[str, Any] = json.loads((directory / "index.json").read_text())
         self.name: str = self.index["spec"]
         self.targets: list[str] = self.index["targets"]
