@@ -108,7 +108,7 @@ def package_version(dist: str) -> str | None:
         return None
 
 
-SOURCE_GLOBS = ("dplr_gen/**/*.py", "dplr_gen/data/*", "templates/*", "specs/*.yaml", "generated/*/index.json")
+SOURCE_GLOBS = ("dplr_gen/**/*.py", "dplr_gen/spec/data/*", "dplr_gen/render/templates/*", "specs/*.yaml", "generated/*/index.json")
 
 
 def source_digest() -> str:
@@ -222,12 +222,12 @@ def load_op(system: System, package: str | Path) -> tuple[Op, dict[str, Any]]:
     """``op(x, cu, cu_cpu) -> (o, ht)`` calling the system's chunk_rwkv7 with output_final_state=True, and a
     record of what was called. Raises ImportError (fla) or the package's own error (dplr) if unusable."""
     if system.impl == "dplr":
-        from dplr_gen import ops
-        from dplr_gen.runtime import package_at
+        from dplr_gen.runtime import ops
+        from dplr_gen.runtime.loader import package_at
 
         fn: Callable[..., Any] = ops.chunk_rwkv7
         kw: dict[str, Any] = {"package": package_at(package), **dict(system.kwargs)}
-        info = {"callable": "dplr_gen.ops.chunk_rwkv7", "package": str(package), "kwargs": dict(system.kwargs)}
+        info = {"callable": "dplr_gen.runtime.ops.chunk_rwkv7", "package": str(package), "kwargs": dict(system.kwargs)}
     else:
         limit = int(os.environ.get(FLA_MAX_CONFIGS_ENV) or 0)
         if limit:
@@ -255,8 +255,8 @@ def load_op(system: System, package: str | Path) -> tuple[Op, dict[str, Any]]:
 
 def dplr_variant(system: System, package: str | Path, x: Mapping[str, Any], cu: Any = None) -> str:
     """The variant dplr-gen's chunk_rwkv7 runs for these inputs (the op's own choice, for the record)."""
-    from dplr_gen import ops
-    from dplr_gen.runtime import package_at
+    from dplr_gen.runtime import ops
+    from dplr_gen.runtime.loader import package_at
 
     kw = dict(system.kwargs)
     return ops.variant_for(package_at(package), "chunk", x["r"], x["v"], x["w"], cu, kw.get("chunk_size"),
@@ -266,9 +266,9 @@ def dplr_variant(system: System, package: str | Path, x: Mapping[str, Any], cu: 
 def overlap_picked(package: str | Path, x: Mapping[str, Any]) -> bool:
     """Whether dplr-gen's chunk backward would run its states pass beside the reverse pass for these dense
     dplr-fast inputs by itself (the variant's knob and the grid; chunk_driver._overlap), for the record."""
-    from dplr_gen import chunk_driver
-    from dplr_gen.ops import _kernels
-    from dplr_gen.runtime import package_at
+    from dplr_gen.runtime import chunk_driver
+    from dplr_gen.runtime.ops import _kernels
+    from dplr_gen.runtime.loader import package_at
 
     name = dplr_variant(SYSTEMS["dplr-fast"], package, x)
     q = x["r"]
@@ -760,7 +760,7 @@ def worker_setup(device: str) -> None:
     if device != "cpu":
         return
     os.environ["TRITON_INTERPRET"] = "1"
-    from dplr_gen.runtime import interpreter_numpy_compat
+    from dplr_gen.runtime.loader import interpreter_numpy_compat
 
     interpreter_numpy_compat()
 
@@ -769,7 +769,7 @@ def dry_run_package(spec: str = "specs/hopper.yaml") -> str:
     """Render (no compile) a spec into a temporary folder: the interpreter runs its sources on CPU."""
     import tempfile
 
-    from dplr_gen import build
+    from dplr_gen.toolchain import build
 
     p = build.plan(REPO / spec, Path(tempfile.mkdtemp(prefix="dplr-dry-")))
     build.write_package(p)

@@ -31,8 +31,8 @@ CHILD = """
 import json, sys, time
 import torch
 t0 = time.perf_counter()
-from dplr_gen import ops
-from dplr_gen.runtime import package_at
+from dplr_gen.runtime import ops
+from dplr_gen.runtime.loader import package_at
 pkg = package_at(sys.argv[1])
 name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, 64, 64, False, None, -0.61, torch.bfloat16)  # as the op picks
 t1 = time.perf_counter()
@@ -45,8 +45,8 @@ print(json.dumps({"variant": name, "aot": bool(ks.aot), "import_select_s": t1 - 
 
 DISPATCHER_CHILD = """
 import timeit, torch
-from dplr_gen import runtime
-d = runtime.default_package()
+from dplr_gen.runtime import dispatch
+d = dispatch.default_package()
 dev = torch.device("cpu")
 d.package_for(dev)
 print(timeit.timeit(lambda: d.package_for(dev), number=20000) / 20000 * 1e6)

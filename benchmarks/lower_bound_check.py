@@ -1,4 +1,4 @@
-"""Cost of checking the lower_bound promise (dplr_gen.gate_check) at the benchmark shapes, on one GPU.
+"""Cost of checking the lower_bound promise (dplr_gen.runtime.gate_check) at the benchmark shapes, on one GPU.
 
     python benchmarks/lower_bound_check.py OUT.json [--shapes 4x4096x32x64,...] [--rounds 5] [--dry-run]
 
@@ -29,9 +29,9 @@ def measure(shape: Any, device: str, dtype: Any, rounds: int, warmup: int, rep: 
     import torch
 
     from benchmarks import common as C
-    from dplr_gen import gate_check, runtime
+    from dplr_gen.runtime import dispatch, gate_check
 
-    package = runtime.default_package().package_for(torch.device(device)).dir
+    package = dispatch.default_package().package_for(torch.device(device)).dir
     op, info = C.load_op(C.SYSTEMS["dplr-fast"], package)
     x = C.leaves(C.rwkv7_case(shape.B, shape.T, shape.H, shape.D, dtype=dtype, device=device, seed=1,
                               n_states=shape.N))

@@ -4,7 +4,7 @@
 
 Each knob setting of a stage (num_warps x num_stages x block_v) is rendered into its own spec (the three
 stages' settings are offset against each other so no two specs pair the same settings), built ahead of time
-with `dplr_gen.build`, and then measured in a fresh worker process per spec (an illegal memory access in one
+with `dplr_gen.toolchain.build`, and then measured in a fresh worker process per spec (an illegal memory access in one
 setting cannot poison the others):
   accuracy  bf16, B=2, T=512, H=2, RWKV-7 inputs, outputs poisoned: relative-norm error of o, final state and
             every gradient against the float64 reference (computed once per head dim);
@@ -72,7 +72,7 @@ def spec_settings(grid: list[dict[str, int]]) -> list[dict[str, dict[str, int]]]
 
 def drop_warp_caps() -> None:
     """Remove the registry's num_warps caps from this process's view of it (sweep only)."""
-    from dplr_gen import quirks
+    from dplr_gen.spec import quirks
 
     kept = tuple(q for q in quirks.load_quirks() if not (q.avoid.stage_max_num_warps or q.avoid.max_num_warps))
     quirks.load_quirks = lambda: kept  # type: ignore[assignment]
@@ -90,9 +90,9 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
     def run(job: str) -> dict[str, Any]:
         import torch
 
-        from dplr_gen import chunk_driver as drv
-        from dplr_gen import ops
-        from dplr_gen.runtime import package_at
+        from dplr_gen.runtime import chunk_driver as drv
+        from dplr_gen.runtime import ops
+        from dplr_gen.runtime.loader import package_at
 
         D, chunk = (int(p[1:]) for p in job.split(":"))
         dev, dtype = cfg["device"], getattr(torch, cfg["dtype"])
@@ -225,7 +225,7 @@ def main() -> int:
     if args.worker:
         return worker(json.loads(args.worker), args.jobs.split(","))
 
-    from dplr_gen import build as b
+    from dplr_gen.toolchain import build as b
 
     if args.ignore_warp_caps:
         drop_warp_caps()

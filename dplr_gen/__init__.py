@@ -21,9 +21,9 @@ __all__ = [*_OPS, "naive_dplr_delta_rule", "naive_rwkv7"]
 
 def __getattr__(name: str) -> Any:
     if name in _OPS:
-        from . import runtime
+        from .runtime import dispatch
 
-        return getattr(runtime.default_package(), name)
+        return getattr(dispatch.default_package(), name)
     if name in ("naive_dplr_delta_rule", "naive_rwkv7"):
         from . import reference
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .spec import SpecError
+from .spec.models import SpecError
 
 
 class _FlagsWithoutType:
@@ -107,7 +107,7 @@ def build(
 ) -> None:
     """Render every variant, compile it for every target, verify, cache; write generated/<spec>/.
     Ctrl-C stops it within seconds; a rerun resumes (compiled kernels stay in the cache)."""
-    from . import build as b
+    from .toolchain import build as b
 
     try:
         if check:
@@ -161,7 +161,7 @@ def _summary(report: Any) -> str:
 @_command("list")
 def list_(spec: Path = typer.Argument(..., metavar="SPEC", help="spec file")) -> None:
     """Variants, targets, build status and shared memory used."""
-    from . import build as b
+    from .toolchain import build as b
 
     try:
         plan = b.plan(spec)
@@ -204,8 +204,8 @@ def show(
                                          "spec's first target for this variant)"),
 ) -> None:
     """Print the generated Triton source of a variant for one target."""
-    from . import build as b
-    from . import sources
+    from .toolchain import build as b
+    from .tools import sources
 
     name, _, suffix = variant.partition("__")
     target = target or suffix or None
@@ -246,8 +246,8 @@ def doctor() -> None:
     """Versions of Triton, torch and ptxas, the GPU seen, the cache, the specs found."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from .cache import cache_root
-    from .runtime import GENERATED, KEEP_STUBS_ENV, keeps_stubs
+    from .toolchain.cache import cache_root
+    from .runtime.loader import GENERATED, KEEP_STUBS_ENV, keeps_stubs
 
     table = Table(show_header=False)
     table.add_column("what")
@@ -274,7 +274,8 @@ def doctor() -> None:
         table.add_row("GPU", "torch not installed")
     table.add_row("cache", str(cache_root()))
     try:
-        from .triton_compat import kept_driver_modules, triton_version
+        from .toolchain.launch_stubs import kept_driver_modules
+        from .toolchain.triton_versions import triton_version
 
         table.add_row("launch stubs", f"{kept_driver_modules(cache_root(), str(triton_version()))} kept for this "
                       f"Triton in the cache" + ("" if keeps_stubs() else f" ({KEEP_STUBS_ENV}=0: not used)"))
@@ -311,8 +312,8 @@ def clean(
     spec: Optional[Path] = typer.Argument(None, metavar="SPEC", help="spec file; without it, every spec and the whole cache"),
 ) -> None:
     """Remove build products: the manifest(s) and the cached kernels they name. Rendered sources stay."""
-    from . import build as b
-    from .cache import cache_root, entry_dir
+    from .toolchain import build as b
+    from .toolchain.cache import cache_root, entry_dir
 
     if spec is None:
         root = cache_root()
@@ -365,7 +366,7 @@ def compat(
     """Build every spec under several Triton releases (one venv each) and write docs/compat.md + .json."""
     import shlex
 
-    from . import compat as c
+    from .tools import compat as c
 
     spec_args = [x for s in [*(specs or []), *(extra_specs or [])] for x in s.split(",") if x]
     spec_paths = [Path(x) for x in spec_args] or sorted(c.SPECS_DIR.glob("*.yaml"))

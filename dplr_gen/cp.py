@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.distributed as dist
 
-from . import chunk_driver as cd
+from .runtime import chunk_driver as cd
 
 if TYPE_CHECKING:
-    from .runtime import SpecPackage
+    from .runtime.loader import SpecPackage
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -421,7 +421,7 @@ class _CPChunk(torch.autograd.Function):
     @staticmethod
     def forward(fctx: Any, call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                 b: torch.Tensor, g: torch.Tensor, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from . import ops
+        from .runtime import ops
 
         ctx, lay = call.ctx, _Layout.of(call.ctx)
         _, T, H, K = q.shape
@@ -467,7 +467,7 @@ class _CPChunk(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx: Any, do: torch.Tensor, dht: torch.Tensor) -> tuple[Any, ...]:
-        from . import ops
+        from .runtime import ops
 
         call: _Call = fctx.call
         ctx, lay = call.ctx, _Layout.of(call.ctx)
@@ -533,7 +533,7 @@ def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Ten
     """A chunk op (q, k, v, a, b, gk in ``tensors``, named ``names``) on this rank's slice under ``cp_context``.
     Each rank checks its arguments, then the ranks exchange a descriptor of their calls: an error on one rank is
     raised on every rank (its own message there, a pointer to it elsewhere) instead of leaving the others waiting."""
-    from . import ops
+    from .runtime import ops
 
     ctx = cp_context
     if not isinstance(ctx, CPContext):
@@ -570,7 +570,7 @@ def _check_call(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale
                 cu_seqlens: Any, chunk_size: Optional[int], lower_bound: Optional[float], ctx: CPContext
                 ) -> dict[str, Any]:
     """This rank's argument checks; returns the checked shapes, dtypes and scale."""
-    from . import ops
+    from .runtime import ops
 
     if cu_seqlens is not None and not (cu_seqlens is ctx.cu_seqlens or (
             isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.tolist() == ctx.cu_seqlens_cpu.tolist())):
@@ -604,7 +604,7 @@ def _variants(package: "SpecPackage", tensors: tuple[torch.Tensor, ...], chunk_s
               lower_bound: Optional[float], ctx: CPContext) -> tuple[Optional[str], Optional[str]]:
     """(the dense variant of the sequences crossing this rank's boundaries, the variant of those inside it (varlen
     if several, else dense)); None where there are none."""
-    from . import ops
+    from .runtime import ops
 
     if ctx.world_size == 1:
         return None, None

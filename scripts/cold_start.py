@@ -44,8 +44,8 @@ def _timed(*a, **k):
     s = time.perf_counter(); m = _orig(*a, **k); builds.append(time.perf_counter() - s); return m
 tb._build = _timed
 import dplr_gen
-from dplr_gen import ops
-from dplr_gen.runtime import package_at
+from dplr_gen.runtime import ops
+from dplr_gen.runtime.loader import package_at
 t["import_dplr_gen"] = time.perf_counter()
 B, T, H, D = (int(x) for x in sys.argv[2].split("x"))
 lens = [int(n) for n in sys.argv[4].split(",")] if len(sys.argv) > 4 else None  # varlen: sequence lengths
@@ -134,7 +134,7 @@ def _run_child(package: str, shape: str, cache_dir: str, pycache: str | None, ba
 def kept_stubs(package: str) -> int:
     """How many C modules of Triton's driver dplr-gen's cache holds for the package's Triton release."""
     sys.path.insert(0, str(REPO))
-    from dplr_gen.triton_compat import kept_driver_modules
+    from dplr_gen.toolchain.launch_stubs import kept_driver_modules
 
     manifest = json.loads((Path(package) / "manifest.json").read_text())
     return kept_driver_modules(Path(manifest["cache_root"]), manifest["triton_version"])

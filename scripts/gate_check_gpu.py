@@ -1,4 +1,4 @@
-"""The lower_bound promise's check on a GPU (dplr_gen.gate_check): each case in a process of its own, since a
+"""The lower_bound promise's check on a GPU (dplr_gen.runtime.gate_check): each case in a process of its own, since a
 broken promise ends that process's CUDA context with a device-side assert.
 
     python scripts/gate_check_gpu.py OUT.json [--device cuda|cpu]
@@ -43,7 +43,7 @@ def child(case: str, device: str) -> None:
     import torch
 
     import dplr_gen
-    from dplr_gen import gate_check
+    from dplr_gen.runtime import gate_check
     from dplr_gen.testing import rwkv7_inputs
 
     cpu = device == "cpu"

@@ -157,7 +157,7 @@ class Worker:
         self.cases = DRY_CASES if self.dry else CASES
 
     def package(self) -> Any:
-        from dplr_gen.runtime import package_at
+        from dplr_gen.runtime.loader import package_at
 
         return package_at(self.cfg["package"])
 
@@ -205,8 +205,8 @@ class Worker:
         interpreter runs the sources). Records compile time and shared memory per kernel."""
         import torch
 
-        from dplr_gen import build
-        from dplr_gen.runtime import device_target
+        from dplr_gen.toolchain import build
+        from dplr_gen.runtime.loader import device_target
 
         case, out = self.cases[case_name], wide_package_dir(case_name)
         target = "sm_90" if self.dry else device_target(torch.device("cuda"))
@@ -232,7 +232,7 @@ class Worker:
         """> 2**31 elements per tensor: forward only; the last (short) sequence checked against float64."""
         import torch
 
-        from dplr_gen import ops
+        from dplr_gen.runtime import ops
 
         H, K, tail, bulk = (1, 64, 16, 64) if self.dry else (32, 64, 256, 8192)
         n_bulk = 2 if self.dry else math.ceil(2**31 / (H * K) / bulk)
@@ -275,7 +275,7 @@ class Worker:
         """One decode step with N*H > 65535 programs vs a vectorised float64 step."""
         import torch
 
-        from dplr_gen import ops
+        from dplr_gen.runtime import ops
 
         B, H, K = (4, 2, 64) if self.dry else (2048, 64, 64)
         x = C.rwkv7_case(B, 1, H, K, dtype=torch.float32 if self.dry else torch.bfloat16, device=self.device, seed=22)
@@ -289,11 +289,13 @@ class Worker:
         """torch.compile(fullgraph=True) around chunk_rwkv7, fwd+bwd, against eager on the same inputs."""
         import torch
 
+        from dplr_gen.runtime.dispatch import PackageOps
+
         pkg = self.package()
         case = Case(1, 32, 1, 64, "float32", 31) if self.dry else Case(1, 256, 2, 64, "bfloat16", 31)
 
         def f(r: Any, w: Any, k: Any, v: Any, a: Any, b: Any, h0: Any) -> Any:
-            return pkg.chunk_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, initial_state=h0,
+            return PackageOps(pkg).chunk_rwkv7(r=r, w=w, k=k, v=v, a=a, b=b, scale=1.0, initial_state=h0,
                                    output_final_state=True, lower_bound=C.GATE_BOUND)
 
         def as_op(fn: Any) -> Any:
@@ -310,7 +312,7 @@ class Worker:
     def overlap(self) -> dict[str, Any]:
         """The backward with the states pass on a side stream (chunk_driver.OVERLAP = True) against the same
         backward on one stream (False): the same kernels on the same inputs, so every output must be equal."""
-        from dplr_gen import chunk_driver
+        from dplr_gen.runtime import chunk_driver
 
         case = Case(1, 64, 1, 64, "float32", 32) if self.dry else CASES["D64"]
         op, _ = C.load_op(C.SYSTEMS["dplr-fast"], self.cfg["package"])

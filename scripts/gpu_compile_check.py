@@ -50,9 +50,9 @@ def main() -> int:
     import torch
 
     import dplr_gen
-    from dplr_gen import runtime
+    from dplr_gen.runtime import dispatch
 
-    spec = runtime.default_package().package_for(torch.device("cuda")).name
+    spec = dispatch.default_package().package_for(torch.device("cuda")).name
     entries = {"dplr_gen.chunk_rwkv7": lambda: dplr_gen.chunk_rwkv7,
                f"generated.{spec}.chunk_rwkv7": lambda: importlib.import_module(f"generated.{spec}").chunk_rwkv7}
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

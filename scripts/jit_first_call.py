@@ -8,7 +8,7 @@ same empty DPLR_GEN_CACHE_DIR (and each its own empty TRITON_CACHE_DIR): the fir
 (the dispatcher: the built spec covering this GPU, which does not build the variant), so the variant is
 rendered, its kernels compiled in parallel subprocesses into the cache, loaded and run forward+backward; the
 second does the same and must find everything in the cache. Each child reports the wall time of its first
-forward+backward (synchronised), what dplr_gen.ondemand did (kernels compiled, compile subprocesses, cache
+forward+backward (synchronised), what dplr_gen.runtime.ondemand did (kernels compiled, compile subprocesses, cache
 hits), the log line it emitted, and the relative errors of the output, final state and every gradient against
 the float64 reference. Writes JSON to OUT.json; exit 1 if a second process compiled anything or an error is
 over its bound (bf16/fp16: 1e-2, fp32: 1e-4). ``--jobs``: the compile processes of the first child
@@ -34,7 +34,7 @@ import json, logging, sys, time
 t0 = time.perf_counter()
 import torch
 import dplr_gen
-from dplr_gen import ondemand
+from dplr_gen.runtime import ondemand
 from dplr_gen.reference import naive_dplr_delta_rule
 from dplr_gen.testing import rel_err, rwkv7_inputs
 lines = []
@@ -65,7 +65,7 @@ errors = {"o": rel_err(o, ro), "ht": rel_err(ht, rht), **{n: rel_err(t.grad, x64
 print("RESULT " + json.dumps({
     "first_fwd_bwd_s": t_first - t_ready, "process_to_first_result_s": t_first - t0, "next_call_fwd_s": t_second_call,
     "ondemand": dict(ondemand.STATS), "log": lines, "errors": errors,
-    "package": dplr_gen.runtime.default_package().package_for(torch.device(dev)).name,
+    "package": dplr_gen.runtime.dispatch.default_package().package_for(torch.device(dev)).name,
 }))
 """
 

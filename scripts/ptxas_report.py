@@ -51,7 +51,7 @@ def ptxas_info(ptx: str, arch: int) -> dict[str, int]:
 
 
 def report(package: Path, match: str | None = None) -> list[dict[str, Any]]:
-    from dplr_gen import cache
+    from dplr_gen.toolchain import cache
 
     manifest_file = package / "manifest.json"
     if not manifest_file.is_file():

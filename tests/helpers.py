@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from dplr_gen import build as b
+from dplr_gen.toolchain import build as b
 from dplr_gen.reference import naive_dplr_delta_rule
-from dplr_gen.runtime import SpecPackage, package_at
+from dplr_gen.runtime.loader import SpecPackage, package_at
 from dplr_gen.testing import rel_err
 
 

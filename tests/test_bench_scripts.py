@@ -18,7 +18,7 @@ import yaml
 from benchmarks import bench
 from benchmarks import common as C
 from dplr_gen.reference import naive_dplr_delta_rule
-from dplr_gen.spec import Spec
+from dplr_gen.spec.models import Spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -446,7 +446,7 @@ def test_step_closures_time_the_op_and_every_input_gradient() -> None:
 
 
 def test_source_digest_names_the_tree_not_git(tmp_path, monkeypatch) -> None:
-    for rel in ("dplr_gen/a.py", "templates/t.jinja", "specs/s.yaml", "generated/s/index.json", "README.md"):
+    for rel in ("dplr_gen/a.py", "dplr_gen/render/templates/t.jinja", "specs/s.yaml", "generated/s/index.json", "README.md"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(rel)
     monkeypatch.setattr(C, "REPO", tmp_path)
@@ -454,7 +454,7 @@ def test_source_digest_names_the_tree_not_git(tmp_path, monkeypatch) -> None:
     assert len(first) == 16 and first == C.source_digest()
     (tmp_path / "README.md").write_text("docs only")
     assert C.source_digest() == first  # docs do not change what ran
-    (tmp_path / "templates/t.jinja").write_text("changed")
+    (tmp_path / "dplr_gen/render/templates/t.jinja").write_text("changed")
     assert C.source_digest() != first
 
 

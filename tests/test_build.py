@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from dplr_gen import build as b
-from dplr_gen import cache
-from dplr_gen.compile import CompileJob, run_in_subprocess
+from dplr_gen.toolchain import build as b
+from dplr_gen.toolchain import cache
+from dplr_gen.toolchain.compile import CompileJob, run_in_subprocess
 
 SMALL = """
 name: small
@@ -207,7 +207,8 @@ def test_build_keeps_launch_stubs_for_every_built_kernel(small_spec: Path, tmp_p
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The stubs of every kernel in the manifest are built into dplr-gen's cache root; without a GPU the
     build says it left them to the first process on one."""
-    from dplr_gen import runtime, triton_compat
+    from dplr_gen.runtime import loader
+    from dplr_gen.toolchain import launch_stubs
 
     out = tmp_path / "gen"
     report = b.build(small_spec, jobs=2, out_root=out, stubs=False)
@@ -215,24 +216,24 @@ def test_build_keeps_launch_stubs_for_every_built_kernel(small_spec: Path, tmp_p
     monkeypatch.setattr(b, "_cuda_usable", lambda: False)
     assert "no CUDA GPU here" in b.build_launch_stubs(out / "small")
     seen: list[tuple[list[Any], Any]] = []
-    monkeypatch.setattr(triton_compat, "warm_launchers", lambda ks, keep_in=None: seen.append((list(ks), keep_in)))
-    n = runtime.package_at(out / "small").build_launch_stubs()
+    monkeypatch.setattr(launch_stubs, "warm_launchers", lambda ks, keep_in=None: seen.append((list(ks), keep_in)))
+    n = loader.package_at(out / "small").build_launch_stubs()
     manifest = json.loads((out / "small" / "manifest.json").read_text())
     assert n == sum(len(u["kernels"]) for u in manifest["units"].values()) == 4
     (kernels, keep_in), = seen
     assert {k.compiled.name for k in kernels} == {k["kernel"] for u in manifest["units"].values() for k in u["kernels"]}
     assert keep_in == (Path(manifest["cache_root"]), manifest["triton_version"])
     (out / "small" / "manifest.json").unlink()
-    with pytest.raises(runtime.NotBuiltError, match="dplr-gen build"):
-        runtime.package_at(out / "small").build_launch_stubs()
+    with pytest.raises(loader.NotBuiltError, match="dplr-gen build"):
+        loader.package_at(out / "small").build_launch_stubs()
 
 
 GLUON_SHARED = """
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
-from dplr_gen.compile import import_source
-from dplr_gen.triton_compat import is_gluon, make_source
+from dplr_gen.toolchain.compile import import_source
+from dplr_gen.toolchain.triton_source import is_gluon, make_source
 m = import_source(sys.argv[1], "gluon_unit")
 name = "chunk_dplr_bwd_kernel"
 fn = getattr(m, name)
@@ -250,7 +251,7 @@ def test_persistent_gluon_token_passes_keep_two_programs_an_sm(unit: str) -> Non
     other's copies are in flight (docs/design.md, token pass in Gluon): compiled for sm_90 (no GPU needed; in a process of
     its own, outside the tests' interpreter mode), each leaves room for two by its shared memory at its 4 warps
     (at most 255 registers a thread: two blocks by registers)."""
-    from dplr_gen.runtime import blocks_per_sm
+    from dplr_gen.runtime.loader import blocks_per_sm
 
     path = Path(__file__).resolve().parents[1] / "generated/hopper" / unit / "sm_90.py"
     env = {**os.environ, "TRITON_INTERPRET": "0"}

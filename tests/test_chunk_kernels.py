@@ -1,4 +1,4 @@
-"""Interpreter tests of the chunked DPLR kernels (templates/chunk_dplr.py.jinja + dplr_gen/chunk_driver.py)
+"""Interpreter tests of the chunked DPLR kernels (dplr_gen/render/templates/chunk_dplr.py.jinja + dplr_gen/runtime/chunk_driver.py)
 against the float64 reference recurrence and its autograd gradients.
 
 Runs on CPU with TRITON_INTERPRET=1, in fp32 (ieee dots) and fp16 (the interpreter computes bf16 tl.dot
@@ -28,20 +28,20 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from dplr_gen.render import environment  # noqa: E402
+from dplr_gen.render.render import environment  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 
-from dplr_gen import chunk_driver  # noqa: E402
+from dplr_gen.runtime import chunk_driver  # noqa: E402
 from dplr_gen.reference import naive_dplr_delta_rule  # noqa: E402
 from dplr_gen.testing import rel_err, rwkv7_inputs  # noqa: E402
 
 
 if DEVICE == "cpu":
-    from dplr_gen.runtime import interpreter_numpy_compat  # noqa: E402
+    from dplr_gen.runtime.loader import interpreter_numpy_compat  # noqa: E402
 
     interpreter_numpy_compat()
 
@@ -886,7 +886,7 @@ def test_overlap_choice(monkeypatch):
     """The backward's states pass goes beside the reverse pass (a second stream) only where the variant's knob
     asks for it and both grids are resident at once: H100's 132 SMs, the K=64 passes at 1 warp with 204 and
     224 registers (9 programs an SM each): (4,4096,32,64) has 256 programs a pass, (8,4096,64,64) 1024."""
-    from dplr_gen.runtime import blocks_per_sm
+    from dplr_gen.runtime.loader import blocks_per_sm
 
     assert blocks_per_sm(204, 8192, 1) == blocks_per_sm(224, 8192, 1) == 9  # registers in 256-per-warp units
     assert blocks_per_sm(255, 34816, 4) == 2  # the token pass: two blocks an SM

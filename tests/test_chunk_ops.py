@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from dplr_gen import chunk_driver, ops
+from dplr_gen.runtime import chunk_driver, ops
+from dplr_gen.runtime.dispatch import PackageOps
 from dplr_gen.testing import rel_err, rwkv7_inputs
 
 from .helpers import reference_with_grads, render_package
@@ -412,8 +413,8 @@ def test_torch_compile_fullgraph_with_backward(pkg, keep_states: bool) -> None:
     x = rwkv7_inputs(1, 20, 1, 32, dtype=torch.float32)
 
     def loss(q, k, v, a, b, gk, h0):
-        # through the package's bound op, keyword arguments, as users call it
-        o, ht = pkg.chunk_rwkv7(r=q, w=gk, k=k, v=v, a=a, b=b, scale=1.0, initial_state=h0,
+        # through the package's bound op (what generated/<spec> exports), keyword arguments, as users call it
+        o, ht = PackageOps(pkg).chunk_rwkv7(r=q, w=gk, k=k, v=v, a=a, b=b, scale=1.0, initial_state=h0,
                                 output_final_state=True, lower_bound=-0.61, disable_recompute=keep_states)
         return (o * o).sum() + ht.sum()
 

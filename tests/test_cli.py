@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dplr_gen import build as b
+from dplr_gen.toolchain import build as b
 from dplr_gen.cli import app
 
 runner = CliRunner()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dplr_gen import build as b
+from dplr_gen.toolchain import build as b
 from dplr_gen.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ variants:
 ENTRY = """
 import sys
 from pathlib import Path
-from dplr_gen import build
+from dplr_gen.toolchain import build
 build.GENERATED = Path(sys.argv.pop(1))
 from dplr_gen.cli import main
 sys.argv[0] = "dplr-gen"
@@ -43,7 +43,7 @@ main()
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from dplr_gen.build import package_lock
+from dplr_gen.toolchain.build import package_lock
 with package_lock(Path(sys.argv[1])):
     print("held", flush=True)
     sys.stdin.read()  # until the test closes it

@@ -11,11 +11,11 @@ import pytest
 from packaging.version import Version
 from typer.testing import CliRunner
 
-from dplr_gen import compat as c
-from dplr_gen.build import REPO_ROOT, installed_triton
-from dplr_gen.compile import CompileOutcome
-from dplr_gen.spec import load_spec
-from dplr_gen.variants import build_units
+from dplr_gen.tools import compat as c
+from dplr_gen.toolchain.build import REPO_ROOT, installed_triton
+from dplr_gen.toolchain.compile import CompileOutcome
+from dplr_gen.spec.models import load_spec
+from dplr_gen.plan.variants import build_units
 
 TINY = """
 name: tiny

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dplr_gen import chunk_driver, ops
+from dplr_gen.runtime import chunk_driver, ops
 from dplr_gen.cp import build_cp_context
-from dplr_gen.runtime import package_at
+from dplr_gen.runtime.loader import package_at
 from dplr_gen.testing import rel_err, rwkv7_inputs
 
 from .helpers import render_package

@@ -1,4 +1,4 @@
-"""docs/specs.md is what the models say (regenerate with `python -m dplr_gen.docs_specs`); every field has a
+"""docs/specs.md is what the models say (regenerate with `python -m dplr_gen.tools.docs_specs`); every field has a
 description; an unknown arch points to the reference."""
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dplr_gen import docs_specs
-from dplr_gen.arch import ArchProfile, KnobDefaults
+from dplr_gen.tools import docs_specs
+from dplr_gen.spec.arch import ArchProfile, KnobDefaults
 from dplr_gen.cli import app
-from dplr_gen.quirks import Avoid, Quirk
-from dplr_gen.spec import Knobs, Spec, TuningRule, VariantAxes
+from dplr_gen.spec.quirks import Avoid, Quirk
+from dplr_gen.spec.models import Knobs, Spec, TuningRule, VariantAxes
 
 MODELS = (Spec, VariantAxes, Knobs, TuningRule, ArchProfile, KnobDefaults, Quirk, Avoid)
 
 
 def test_docs_specs_md_matches_the_models() -> None:
-    assert docs_specs.DOC.read_text() == docs_specs.render(), "docs/specs.md drifted: run python -m dplr_gen.docs_specs"
+    assert docs_specs.DOC.read_text() == docs_specs.render(), "docs/specs.md drifted: run python -m dplr_gen.tools.docs_specs"
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)

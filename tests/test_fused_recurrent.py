@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dplr_gen import ops
+from dplr_gen.runtime import ops
 from dplr_gen.testing import rel_err, rwkv7_inputs
 from dplr_gen.reference import naive_dplr_delta_rule
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dplr_gen import chunk_driver, gate_check, ops
+from dplr_gen.runtime import chunk_driver, gate_check, ops
 from dplr_gen.reference import naive_dplr_delta_rule
 from dplr_gen.testing import rel_err, rwkv7_inputs
 
@@ -177,6 +177,6 @@ def test_cost_script_dry_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bound", [-0.61, -1e-30, -123456789.123456789, -5e-324])
 def test_device_assert_message_fits_cuda_limit(bound: float) -> None:
     # torch._assert_async refuses messages of 255 characters or more (RuntimeError on every call)
-    from dplr_gen.gate_check import device_message
+    from dplr_gen.runtime.gate_check import device_message
 
     assert len(device_message(bound)) < 255 and "lower_bound" in device_message(bound)

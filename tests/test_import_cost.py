@@ -12,8 +12,8 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = """
 import sys, torch
 import dplr_gen
-from dplr_gen import ops
-from dplr_gen.runtime import package_at
+from dplr_gen.runtime import ops
+from dplr_gen.runtime.loader import package_at
 from dplr_gen.testing import rwkv7_inputs
 assert "torch._dynamo" not in sys.modules, "import"
 pkg = package_at(sys.argv[1])
@@ -27,7 +27,7 @@ print("OK")
 
 
 def test_eager_use_does_not_import_dynamo(tmp_path: Path) -> None:
-    from dplr_gen import build as b
+    from dplr_gen.toolchain import build as b
 
     spec = tmp_path / "tiny.yaml"
     spec.write_text("name: tiny\ntargets: [sm_80]\nvariants:\n  - ops: [chunk]\n    dtypes: [fp32]\n"
@@ -42,15 +42,16 @@ def test_eager_use_does_not_import_dynamo(tmp_path: Path) -> None:
 
 LOAD_CHILD = """
 import sys, warnings, torch
-from dplr_gen import ops, triton_compat
-from dplr_gen.runtime import package_at
+from dplr_gen.runtime import ops
+from dplr_gen.toolchain import triton_versions
+from dplr_gen.runtime.loader import package_at
 pkg = package_at(sys.argv[1])
-assert pkg.index["triton_version"] == str(triton_compat.triton_version()), "rendered for another Triton"
+assert pkg.index["triton_version"] == str(triton_versions.triton_version()), "rendered for another Triton"
 name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, 64, 64, False, None, -0.61, torch.bfloat16)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # not built on this machine: the JIT fallback
     pkg.kernel_set(name, "sm_90")
-heavy = sorted(m for m in ("pydantic", "yaml", "jinja2", "dplr_gen.quirks", "dplr_gen.spec") if m in sys.modules)
+heavy = sorted(m for m in ("pydantic", "yaml", "jinja2", "dplr_gen.spec.quirks", "dplr_gen.spec.models") if m in sys.modules)
 assert not heavy, heavy
 print("OK", name)
 """
@@ -69,18 +70,19 @@ def test_loading_a_package_built_for_this_triton_skips_the_spec_machinery() -> N
 def test_package_rendered_for_another_triton_consults_the_registry(monkeypatch) -> None:
     from packaging.version import Version
 
-    from dplr_gen import runtime, triton_compat
+    from dplr_gen.runtime import loader
+    from dplr_gen.toolchain import launch_stubs, triton_versions
 
-    pkg = runtime.package_at(REPO / "generated" / "hopper")
+    pkg = loader.package_at(REPO / "generated" / "hopper")
     name = pkg.variant_names[0]
     calls: list[str] = []
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(runtime, "_refuse_unavoided_miscompiles", lambda entry, *a: calls.append(entry["unit"]))
+    monkeypatch.setattr(loader, "_refuse_unavoided_miscompiles", lambda entry, *a: calls.append(entry["unit"]))
     monkeypatch.setattr(pkg, "_load_aot", lambda module, unit, manifest: ({"k": object()}, ""))
-    monkeypatch.setattr(triton_compat, "warm_launchers", lambda ks, **kw: None)
-    monkeypatch.setattr(triton_compat, "triton_version", lambda: Version(pkg.index["triton_version"]))
+    monkeypatch.setattr(launch_stubs, "warm_launchers", lambda ks, **kw: None)
+    monkeypatch.setattr(triton_versions, "triton_version", lambda: Version(pkg.index["triton_version"]))
     pkg._load(name, "sm_90")
     assert calls == []
-    monkeypatch.setattr(triton_compat, "triton_version", lambda: Version("3.5.1"))
+    monkeypatch.setattr(triton_versions, "triton_version", lambda: Version("3.5.1"))
     pkg._load(name, "sm_90")
     assert calls == [pkg.index["variants"][name]["targets"]["sm_90"]["unit"]]

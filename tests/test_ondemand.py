@@ -1,4 +1,4 @@
-"""Variants generated on demand (dplr_gen.ondemand): calls no built variant covers (other K, V, K != V, dense and
+"""Variants generated on demand (dplr_gen.runtime.ondemand): calls no built variant covers (other K, V, K != V, dense and
 varlen, fp32 and fp16) run in the interpreter against the float64 reference, forward and every gradient, on
 NaN-poisoned buffers; one log line names each generated variant and the spec entry that ships it;
 DPLR_GEN_NO_JIT=1 refuses with that entry; bf16 on the interpreter computes right; real compiles of odd dims for
@@ -18,12 +18,13 @@ import pytest
 import torch
 import yaml
 
-from dplr_gen import cache, chunk_driver, ondemand, ops
-from dplr_gen.compile import CompileOutcome
-from dplr_gen.spec import VariantAxes, load_spec
+from dplr_gen.toolchain import cache
+from dplr_gen.runtime import chunk_driver, ondemand, ops
+from dplr_gen.toolchain.compile import CompileOutcome
+from dplr_gen.spec.models import VariantAxes, load_spec
 from dplr_gen.testing import rel_err, rwkv7_inputs
-from dplr_gen.variant import Variant
-from dplr_gen.variants import _axes_product
+from dplr_gen.plan.variant import Variant
+from dplr_gen.plan.variants import _axes_product
 
 from .helpers import fwd_bwd_errors, render_package
 
@@ -208,8 +209,8 @@ def test_dispatcher_generates_from_the_repository_spec(monkeypatch: pytest.Monke
 
 
 PREPARE = (
-    "import json, sys; from dplr_gen import ondemand; from dplr_gen.spec import load_spec; "
-    "from dplr_gen.variant import Variant; "
+    "import json, sys; from dplr_gen import ondemand; from dplr_gen.spec.models import load_spec; "
+    "from dplr_gen.plan.variant import Variant; "
     "p = ondemand.prepare(load_spec(sys.argv[1]), Variant(**json.loads(sys.argv[2])), sys.argv[3]); "
     "print(json.dumps({'stats': dict(ondemand.STATS), 'compiled': p.compiled, 'kernels': p.kernels}))"
 )
@@ -267,7 +268,7 @@ def test_over_shared_memory_shrinks_the_tiles(pkg, tmp_path: Path, monkeypatch: 
     """A kernel over the target's shared memory is compiled again with its stage's V tile halved (then fewer
     stages) until it fits; the record keeps the tiling that fit, so a later call compiles nothing. (Fake
     compiler: a kernel 'fits' at V tiles of 16 and one pipeline stage.)"""
-    from dplr_gen.compile import import_source
+    from dplr_gen.toolchain.compile import import_source
 
     compiled: list[str] = []
 

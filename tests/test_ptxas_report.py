@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dplr_gen import build as b
+from dplr_gen.toolchain import build as b
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = """

@@ -8,7 +8,7 @@ import pytest
 from packaging.version import Version
 from pydantic import ValidationError
 
-from dplr_gen import quirks as qr
+from dplr_gen.spec import quirks as qr
 
 BASE = {"no_mma_chaining": False, "separate_accumulators": False}
 
@@ -166,8 +166,8 @@ def test_when_matches_listed_values_only() -> None:
 
 
 def test_when_keys_are_the_variant_parameters() -> None:
-    from dplr_gen.spec import VARIANT_KEYS
-    from dplr_gen.variants import Variant
+    from dplr_gen.spec.models import VARIANT_KEYS
+    from dplr_gen.plan.variants import Variant
 
     v = Variant("chunk", "bf16", "fp32", 64, 64, 16, False, -0.61, "fp32", None)
     assert set(v.params()) == VARIANT_KEYS

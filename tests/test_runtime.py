@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dplr_gen import runtime
-from dplr_gen.runtime import NotBuiltError, UnsupportedDeviceError
+from dplr_gen.runtime import dispatch, loader
+from dplr_gen.runtime.loader import NotBuiltError, UnsupportedDeviceError
 
 from .helpers import render_package
 
@@ -39,11 +39,11 @@ def test_no_jit_without_build_is_an_error(pkg, monkeypatch: pytest.MonkeyPatch) 
 def test_prebuilt_reads_the_manifest_as_the_loader_does(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
     """prebuilt() and the loader share one check: no manifest, another Triton release, or a unit the last build
     did not produce all mean "not prebuilt", each with its reason."""
-    from dplr_gen import triton_compat
+    from dplr_gen.toolchain import triton_versions
 
     variant = pkg.variant_names[0]
     unit = pkg.index["variants"][variant]["targets"]["sm_90"]["unit"]
-    installed = str(triton_compat.triton_version())
+    installed = str(triton_versions.triton_version())
     cases = {
         "no manifest.json": None,
         "built with Triton 0.0.0": {"triton_version": "0.0.0", "units": {unit: {}}},
@@ -67,7 +67,7 @@ def test_jit_fallback_warns(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_uncovered_gpu_is_named(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime, "device_target", lambda device: "sm_120")
+    monkeypatch.setattr(loader, "device_target", lambda device: "sm_120")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 5090")
     with pytest.raises(UnsupportedDeviceError) as e:
         pkg.target_for(torch.device("cuda", 0))
@@ -76,10 +76,10 @@ def test_uncovered_gpu_is_named(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_dispatcher_names_built_specs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime, "device_target", lambda device: "sm_75")
+    monkeypatch.setattr(loader, "device_target", lambda device: "sm_75")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     with pytest.raises(UnsupportedDeviceError) as e:
-        runtime.default_package().package_for(torch.device("cuda", 0))
+        dispatch.default_package().package_for(torch.device("cuda", 0))
     msg = str(e.value)
     assert "Tesla T4" in msg and "ampere -> sm_80, sm_86" in msg and "hopper -> sm_90" in msg
 
@@ -88,24 +88,24 @@ def test_known_miscompile_without_workaround_is_refused(pkg, monkeypatch: pytest
     """Source rendered for one Triton, run under a release with a silent miscompile on sm_90: refused."""
     from packaging.version import Version
 
-    from dplr_gen import triton_compat
+    from dplr_gen.toolchain import triton_versions
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(triton_compat, "triton_version", lambda: Version("3.5.0"))
+    monkeypatch.setattr(triton_versions, "triton_version", lambda: Version("3.5.0"))
     name = pkg.variant_names[0]
     entry = pkg.index["variants"][name]["targets"]["sm_90"]
     monkeypatch.setitem(entry, "quirks", [])  # as if rendered for a Triton without that quirk
-    with pytest.raises(runtime.KnownMiscompileError) as e:
+    with pytest.raises(loader.KnownMiscompileError) as e:
         pkg._load(name, "sm_90")
     assert "hopper-cast-trans-dot-operand-wrong" in str(e.value) and "dplr-gen build" in str(e.value)
     params = pkg.index["variants"][name]["params"]
     monkeypatch.setitem(entry, "quirks", ["hopper-cast-trans-dot-operand-wrong", "hopper-wy-backward-4-warps-wrong"])
-    runtime._refuse_unavoided_miscompiles(entry, "sm_90", params)  # rendered with the workarounds: accepted
+    loader._refuse_unavoided_miscompiles(entry, "sm_90", params)  # rendered with the workarounds: accepted
     # an entry limited to chunk 64 does not concern a chunk-16 variant
     monkeypatch.setitem(entry, "quirks", ["hopper-cast-trans-dot-operand-wrong"])
-    runtime._refuse_unavoided_miscompiles(entry, "sm_90", {**params, "op": "chunk", "chunk_size": 16})
-    with pytest.raises(runtime.KnownMiscompileError, match="hopper-wy-backward-4-warps-wrong"):
-        runtime._refuse_unavoided_miscompiles(entry, "sm_90", {**params, "op": "chunk", "chunk_size": 64})
+    loader._refuse_unavoided_miscompiles(entry, "sm_90", {**params, "op": "chunk", "chunk_size": 16})
+    with pytest.raises(loader.KnownMiscompileError, match="hopper-wy-backward-4-warps-wrong"):
+        loader._refuse_unavoided_miscompiles(entry, "sm_90", {**params, "op": "chunk", "chunk_size": 64})
 
 
 def test_per_call_lookups_are_memoised(pkg, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,16 +115,16 @@ def test_per_call_lookups_are_memoised(pkg, monkeypatch: pytest.MonkeyPatch) -> 
     import os
     from pathlib import Path
 
-    from dplr_gen import ops
+    from dplr_gen.runtime import ops
 
     d = str(pkg.dir)
-    assert os.path.isabs(d) and runtime.package_at(d) is pkg
+    assert os.path.isabs(d) and loader.package_at(d) is pkg
     resolved: list[Path] = []
     real_resolve = Path.resolve
     monkeypatch.setattr(Path, "resolve", lambda self, *a, **k: resolved.append(self) or real_resolve(self, *a, **k))
-    assert all(runtime.package_at(d) is pkg for _ in range(3)) and resolved == []
+    assert all(loader.package_at(d) is pkg for _ in range(3)) and resolved == []
     # a relative path depends on the working directory: resolved on every call
-    assert runtime.package_at(os.path.relpath(d)) is pkg and len(resolved) == 1
+    assert loader.package_at(os.path.relpath(d)) is pkg and len(resolved) == 1
 
     first = ops._select(d, "fused_recurrent", torch.float16, 32, 32, False)
     misses = ops._select_cached.cache_info().misses
@@ -140,17 +140,17 @@ def test_per_call_lookups_are_memoised(pkg, monkeypatch: pytest.MonkeyPatch) -> 
 def test_dispatcher_answer_is_kept_per_device_and_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     """dplr_gen.<op> finds its package once per (device, DPLR_GEN_SPEC), not on every call; a failed lookup
     is not kept (a later build can mend it)."""
-    d = runtime._Dispatcher()
+    d = dispatch._Dispatcher()
     listed: list[int] = []
-    real = runtime.all_packages
-    monkeypatch.setattr(runtime, "all_packages", lambda: listed.append(1) or real())
-    monkeypatch.delenv(runtime.SPEC_ENV, raising=False)
+    real = loader.all_packages
+    monkeypatch.setattr(loader, "all_packages", lambda: listed.append(1) or real())
+    monkeypatch.delenv(loader.SPEC_ENV, raising=False)
     cpu = torch.device("cpu")
     first = d.package_for(cpu)
     assert all(d.package_for(cpu) is first for _ in range(3)) and len(listed) == 1
-    monkeypatch.setenv(runtime.SPEC_ENV, "hopper")
+    monkeypatch.setenv(loader.SPEC_ENV, "hopper")
     assert d.package_for(cpu).name == "hopper" and len(listed) == 2
-    monkeypatch.setenv(runtime.SPEC_ENV, "no_such_spec")
+    monkeypatch.setenv(loader.SPEC_ENV, "no_such_spec")
     for n in (3, 4):
         with pytest.raises(NotBuiltError, match="no_such_spec"):
             d.package_for(cpu)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from dplr_gen.spec import SpecError, load_spec
-from dplr_gen.variants import build_units, expand
+from dplr_gen.spec.models import SpecError, load_spec
+from dplr_gen.plan.variants import build_units, expand
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -73,8 +73,8 @@ def test_small_grid_stages_only_where_tuned(tmp_path: Path) -> None:
 
 def test_stage_warp_cap_holds_for_its_copy(tmp_path: Path) -> None:
     # a quirk's cap on chunk.fwd / chunk.bwd_dh caps the small-grid copies of those kernels too
-    from dplr_gen.arch import get_arch
-    from dplr_gen.variants import _resolve_knobs
+    from dplr_gen.spec.arch import get_arch
+    from dplr_gen.plan.variants import _resolve_knobs
 
     text = GOOD + ("tuning:\n  chunk.fwd_small: {num_warps: 4}\n  chunk.bwd_dh_small: {num_warps: 4}\n"
                    "  chunk.bwd: {num_warps: 4}\n")
@@ -219,7 +219,7 @@ def test_shipped_hopper_small_grid_passes_capped_under_triton_3_1() -> None:
 
 def test_token_pass_chunk_knob_reaches_the_rendered_kernels(tmp_path: Path) -> None:
     """chunk.bwd.chunk sets the token pass's BC (never below the variant's chunk), and only its."""
-    from dplr_gen.render import render_unit
+    from dplr_gen.render.render import render_unit
 
     text = GOOD + "tuning:\n  chunk.bwd: {chunk: 32}\n"
     units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
@@ -240,7 +240,7 @@ def test_token_pass_chunk_knob_reaches_the_rendered_kernels(tmp_path: Path) -> N
 def test_overlap_knob_reaches_the_rendered_options(tmp_path: Path) -> None:
     """chunk.bwd_dh.overlap becomes the source's OPTIONS["overlap_state_passes"] (the driver's switch); a
     variant_tuning rule may turn it on for some variants only; off by default."""
-    from dplr_gen.render import render_unit
+    from dplr_gen.render.render import render_unit
 
     text = GOOD + ("tuning:\n  chunk.bwd_dh: {overlap: false}\n"
                    "variant_tuning:\n  - when: {K: [64]}\n    tuning:\n      chunk.bwd_dh: {overlap: true}\n")
@@ -263,7 +263,7 @@ def test_overlap_knob_reaches_the_rendered_options(tmp_path: Path) -> None:
 def test_states_every_is_checked_per_variant(tmp_path: Path) -> None:
     """chunk.bwd.states_every: twice the chunk size where the token pass walks the variant's chunks (it reaches
     the rendered OPTIONS); any other value is refused naming the knob, the variant and the valid values."""
-    from dplr_gen.render import render_unit
+    from dplr_gen.render.render import render_unit
 
     rule = "variant_tuning:\n  - when: {chunk_size: [16]}\n    tuning:\n      chunk.bwd: {states_every: %d%s}\n"
     units, _ = build_units(load_spec(write(tmp_path, GOOD + rule % (32, ""))), Version("3.6.0"))
@@ -283,7 +283,7 @@ def test_states_every_is_checked_per_variant(tmp_path: Path) -> None:
 def test_register_cap_reaches_the_launch_table(tmp_path: Path) -> None:
     """chunk.bwd.max_registers becomes the token pass's LAUNCH option maxnreg (Triton's compiler option), for the
     variants its rule matches; every other kernel's launch options stay warps and stages only."""
-    from dplr_gen.render import render_unit
+    from dplr_gen.render.render import render_unit
 
     text = GOOD + "variant_tuning:\n  - when: {K: [64]}\n    tuning:\n      chunk.bwd: {max_registers: 168}\n"
     units, _ = build_units(load_spec(write(tmp_path, text)), Version("3.6.0"))
@@ -310,10 +310,10 @@ def test_gluon_token_pass_where_the_knob_and_the_triton_release_allow(tmp_path: 
     """chunk.bwd.gluon: the variants its rule matches get the Gluon token pass under a Triton release in
     GLUON_TRITON (the Triton form kept beside it as TRITON_FORMS, for the interpreter), the Triton form alone
     under any other release and for every other variant; the rendered sources execute."""
-    from dplr_gen.render import render_unit
-    from dplr_gen.compile import import_source
-    from dplr_gen.triton_compat import is_gluon
-    from dplr_gen.variants import GLUON_TRITON
+    from dplr_gen.render.render import render_unit
+    from dplr_gen.toolchain.compile import import_source
+    from dplr_gen.toolchain.triton_source import is_gluon
+    from dplr_gen.plan.variants import GLUON_TRITON
 
     text = GOOD + GLUON_RULE % "op: [chunk], K: [64], dtype: [bf16], chunk_size: [16], gate_bound: [-0.6065]"
     spec = load_spec(write(tmp_path, text))
@@ -379,9 +379,9 @@ variant_tuning:
 def test_gluon_token_pass_k128_dense_deriving(tmp_path: Path) -> None:
     """The K = 128 Gluon form: a dense variant keeping every second state gets it (the derive form rendered, its
     Triton form kept for the interpreter, n_items last in both signatures); the rendered source executes."""
-    from dplr_gen.compile import import_source
-    from dplr_gen.render import render_unit
-    from dplr_gen.triton_compat import is_gluon
+    from dplr_gen.toolchain.compile import import_source
+    from dplr_gen.render.render import render_unit
+    from dplr_gen.toolchain.triton_source import is_gluon
 
     units, _ = build_units(load_spec(write(tmp_path, K128 % (", states_every: 32", "varlen: [false]"))),
                            Version("3.6.0"))
@@ -418,7 +418,7 @@ def test_gluon_knob_only_on_the_token_pass(tmp_path: Path) -> None:
 def test_segments_knob_dense_variants_only(tmp_path: Path) -> None:
     """chunk.fwd_small.segments: rendered into the dense variants' OPTIONS with the two segmented kernels; on a varlen
     variant a SpecError names the variant, the knob and the way out; on any other stage the knob is refused."""
-    from dplr_gen.render import render_unit
+    from dplr_gen.render.render import render_unit
 
     rule = "variant_tuning:\n  - when: {%s}\n    tuning:\n      chunk.fwd_small: {segments: 6}\n"
     dense = build_units(load_spec(write(tmp_path, GOOD + rule % "op: [chunk], chunk_size: [16]")), Version("3.6.0"))[0]

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dplr_gen.cli import app
-from dplr_gen.spec import SpecError, load_spec
+from dplr_gen.spec.models import SpecError, load_spec
 
 BAD_FIELDS = """\
 name: typo

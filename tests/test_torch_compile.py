@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dplr_gen import ops
+from dplr_gen.runtime import ops
 from dplr_gen.testing import rel_err, rwkv7_inputs
 
 from .helpers import render_package

@@ -1,4 +1,4 @@
-"""dplr_gen.triton_compat with the installed Triton, on CPU (AOT compiles need no GPU)."""
+"""The Triton adapter (dplr_gen.toolchain: versions, sources, compiles, launches, TTGIR, probes) with the installed Triton, on CPU (AOT compiles need no GPU)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
-from dplr_gen import triton_compat as tc
+from dplr_gen.toolchain import interpreter_repair, launch, launch_stubs, probes, triton_compile, triton_source, triton_versions, ttgir
 
-INSTALLED = tc.triton_version()
+INSTALLED = triton_versions.triton_version()
 ARCHS = [80, 90, 100, 120]
 
 
-def _compile(kernel: str, arch: int, num_warps: int = 4, num_stages: int = 2, **kw: Any) -> tc.CompileResult:
-    ok, why = tc.can_target(arch)
+def _compile(kernel: str, arch: int, num_warps: int = 4, num_stages: int = 2, **kw: Any) -> triton_compile.CompileResult:
+    ok, why = triton_versions.can_target(arch)
     if not ok:
         pytest.skip(why)
-    sig, consts = tc.PROBES[kernel]
-    return tc.compile_kernel(getattr(tc.probe_module(), kernel), sig, consts, arch, num_warps, num_stages, **kw)
+    sig, consts = probes.PROBES[kernel]
+    return triton_compile.compile_kernel(getattr(probes.probe_module(), kernel), sig, consts, arch, num_warps, num_stages, **kw)
 
 
 # ---------------------------------------------------------------------------------------------- can_target
@@ -47,59 +47,59 @@ def _compile(kernel: str, arch: int, num_warps: int = 4, num_stages: int = 2, **
     ],
 )
 def test_can_target(arch: int, version: str, ok: bool) -> None:
-    got, why = tc.can_target(arch, version)
+    got, why = triton_versions.can_target(arch, version)
     assert got is ok
     if not ok:
         assert why  # always says why
 
 
 def test_can_target_reasons() -> None:
-    assert "cannot target sm_100" in tc.can_target(100, "3.2.0")[1]
-    assert "not a known target" in tc.can_target(130)[1]
-    ok, why = tc.can_target(90, "3.12.0")
+    assert "cannot target sm_100" in triton_versions.can_target(100, "3.2.0")[1]
+    assert "not a known target" in triton_versions.can_target(130)[1]
+    ok, why = triton_versions.can_target(90, "3.12.0")
     assert ok and "newer" in why
-    assert tc.can_target(90, Version("3.6.0")) == (True, "")
+    assert triton_versions.can_target(90, Version("3.6.0")) == (True, "")
 
 
 def test_triton_version_is_installed_one() -> None:
     import triton
 
-    assert tc.triton_version() == Version(triton.__version__)
+    assert triton_versions.triton_version() == Version(triton.__version__)
 
 
 def test_compile_refuses_untargetable_arch_without_calling_triton() -> None:
-    sig, consts = tc.PROBES["probe_add"]
-    with pytest.raises(tc.TargetUnsupported):
-        tc.compile_kernel(tc.probe_module().probe_add, sig, consts, 130, 4, 2)
+    sig, consts = probes.PROBES["probe_add"]
+    with pytest.raises(triton_versions.TargetUnsupported):
+        triton_compile.compile_kernel(probes.probe_module().probe_add, sig, consts, 130, 4, 2)
 
 
 # ---------------------------------------------------------------------------------------------- make_source
 
 
 def test_make_source_installed_release() -> None:
-    sig, consts = tc.PROBES["probe_add"]
-    src = tc.make_source(tc.probe_module().probe_add, sig, consts)
+    sig, consts = probes.PROBES["probe_add"]
+    src = triton_source.make_source(probes.probe_module().probe_add, sig, consts)
     if INSTALLED >= Version("3.3"):
         assert src.signature == {**sig, "BLOCK": "constexpr"}
         assert src.constants == {(4,): 1024}
         assert src.attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]],
                              (2,): [["tt.divisibility", 16]]}
-        assert tc.make_source(tc.probe_module().probe_add, sig, consts, pointer_divisibility=False).attrs == {}
-        extra = tc.make_source(tc.probe_module().probe_add, sig, consts, divisible_args=["n"]).attrs
+        assert triton_source.make_source(probes.probe_module().probe_add, sig, consts, pointer_divisibility=False).attrs == {}
+        extra = triton_source.make_source(probes.probe_module().probe_add, sig, consts, divisible_args=["n"]).attrs
         assert (3,) in extra
     else:
         assert src.signature == sig and src.constants == {"BLOCK": 1024}
 
 
 def test_make_source_checks_arguments() -> None:
-    fn = tc.probe_module().probe_add
-    sig, consts = tc.PROBES["probe_add"]
+    fn = probes.probe_module().probe_add
+    sig, consts = probes.PROBES["probe_add"]
     with pytest.raises(ValueError, match="missing"):
-        tc.make_source(fn, {k: v for k, v in sig.items() if k != "n"}, consts)
+        triton_source.make_source(fn, {k: v for k, v in sig.items() if k != "n"}, consts)
     with pytest.raises(ValueError, match="unknown"):
-        tc.make_source(fn, {**sig, "bogus": "i32"}, consts)
+        triton_source.make_source(fn, {**sig, "bogus": "i32"}, consts)
     with pytest.raises(ValueError, match="both"):
-        tc.make_source(fn, sig, {**consts, "n": 3})
+        triton_source.make_source(fn, sig, {**consts, "n": 3})
 
 
 # ---------------------------------------------------------------------------------------------- compile
@@ -149,8 +149,8 @@ def test_compile_result_write_and_load(tmp_path: Path) -> None:
     written = res.write(tmp_path / "k")
     assert {p.name for p in written} == set(res.files)
     (tmp_path / "k" / "manifest.json").write_text("{}")  # unrelated json beside it must not confuse loading
-    sig, consts = tc.PROBES["probe_add"]
-    kern = tc.load_kernel(tc.probe_module().probe_add, sig, consts, tmp_path / "k", res.hash)
+    sig, consts = probes.PROBES["probe_add"]
+    kern = launch.load_kernel(probes.probe_module().probe_add, sig, consts, tmp_path / "k", res.hash)
     assert kern.metadata.name == "probe_add" and kern.metadata.shared == 0
     assert kern.compiled.hash == res.hash
     assert kern.n_runtime == 4
@@ -175,9 +175,9 @@ def test_compile_result_write_and_load(tmp_path: Path) -> None:
 
 
 def test_load_kernel_missing_files(tmp_path: Path) -> None:
-    sig, consts = tc.PROBES["probe_add"]
+    sig, consts = probes.PROBES["probe_add"]
     with pytest.raises(FileNotFoundError):
-        tc.load_kernel(tc.probe_module().probe_add, sig, consts, tmp_path, "0" * 64)
+        launch.load_kernel(probes.probe_module().probe_add, sig, consts, tmp_path, "0" * 64)
 
 
 # ---------------------------------------------------------------------------------------------- mma conversions
@@ -186,27 +186,27 @@ def test_load_kernel_missing_files(tmp_path: Path) -> None:
 def test_chained_dots_sm90_8_warps_flagged() -> None:
     if INSTALLED < Version("3.2"):
         # Triton 3.0/3.1 abort on exactly this conversion (the quirk it detects): check in a child process
-        res_sub = tc.probe_subprocess("probe_chain", 90, num_warps=8)
+        res_sub = probes.probe_subprocess("probe_chain", 90, num_warps=8)
         assert res_sub["ok"] is False and "mma -> mma layout conversion" in res_sub["error"], res_sub
         return
     res = _compile("probe_chain", 90, num_warps=8)
-    conv = tc.mma_conversions(res.ttgir)
+    conv = ttgir.mma_conversions(res.ttgir)
     assert len(conv) >= 1, "expected an mma -> different mma convert_layout on sm_90 with 8 warps"
     assert all("convert_layout" in line for line in conv)
     # 3.3+ also convert a dot result to a dot operand of the other mma layout (3.2: only the direct one)
-    assert len(tc.mma_conversions(res.ttgir, include_dot_operands=True)) >= len(conv)
+    assert len(ttgir.mma_conversions(res.ttgir, include_dot_operands=True)) >= len(conv)
 
 
 @pytest.mark.parametrize("arch, num_warps", [(90, 4), (80, 8), (80, 4)])
 def test_chained_dots_not_flagged(arch: int, num_warps: int) -> None:
     res = _compile("probe_chain", arch, num_warps=num_warps)
-    assert tc.mma_conversions(res.ttgir, include_dot_operands=True) == []
+    assert ttgir.mma_conversions(res.ttgir, include_dot_operands=True) == []
 
 
 def test_chained_dots_sm100_use_tensor_memory() -> None:
     res = _compile("probe_chain", 100, num_warps=8)
     assert "nvidia_mma" not in res.ttgir
-    assert tc.mma_conversions(res.ttgir, include_dot_operands=True) == []
+    assert ttgir.mma_conversions(res.ttgir, include_dot_operands=True) == []
 
 
 _TTGIR_36 = """\
@@ -238,20 +238,20 @@ _TTGIR_31 = """\
 
 
 def test_mma_conversions_synthetic() -> None:
-    conv = tc.mma_conversions(_TTGIR_36)
+    conv = ttgir.mma_conversions(_TTGIR_36)
     # %a only: %e converts between two aliases with identical definitions (no real conversion)
     assert [line.split(" =")[0] for line in conv] == ["%a"]
-    with_ops = tc.mma_conversions(_TTGIR_36, include_dot_operands=True)
+    with_ops = ttgir.mma_conversions(_TTGIR_36, include_dot_operands=True)
     assert [line.split(" =")[0] for line in with_ops] == ["%a", "%c"]
 
 
 def test_mma_conversions_triton_31_dialect_and_inline_encoding() -> None:
-    assert [line.split(" =")[0] for line in tc.mma_conversions(_TTGIR_31)] == ["%44"]
+    assert [line.split(" =")[0] for line in ttgir.mma_conversions(_TTGIR_31)] == ["%44"]
 
 
 def test_ttgir_aliases_resolve_nested() -> None:
     text = "#mma = #ttg.nvidia_mma<{versionMajor = 2}>\n#dot = #ttg.dot_op<{opIdx = 0, parent = #mma, kWidth = 2}>\n"
-    al = tc.ttgir_aliases(text)
+    al = ttgir.ttgir_aliases(text)
     assert al["#dot"] == "#ttg.dot_op<{opIdx = 0, parent = #ttg.nvidia_mma<{versionMajor = 2}>, kWidth = 2}>"
 
 
@@ -259,9 +259,9 @@ def test_ttgir_aliases_resolve_nested() -> None:
 
 
 def test_probe_subprocess_reports_json() -> None:
-    res = tc.probe_subprocess("probe_add", 80)
+    res = probes.probe_subprocess("probe_add", 80)
     assert res["ok"] is True and res["arch"] == 80 and res["shared"] == 0, res
-    skipped = tc.probe_subprocess("probe_add", 130)
+    skipped = probes.probe_subprocess("probe_add", 130)
     assert skipped["ok"] is False and skipped["skipped"] is True
 
 
@@ -275,22 +275,22 @@ def test_interpreter_kernel_is_refused_with_hint() -> None:
     if type(_k).__name__ != "InterpretedFunction":
         pytest.skip("TRITON_INTERPRET is not set in this session")
     with pytest.raises(TypeError, match="without_interpreter"):
-        tc.compile_kernel(_k, {"x_ptr": "*fp32"}, {}, 80, 4, 2)
+        triton_compile.compile_kernel(_k, {"x_ptr": "*fp32"}, {}, 80, 4, 2)
 
 
 def test_compile_after_interpreter_left_language_patched() -> None:
     """Triton's interpreter can leave triton.language patched; compile_kernel must still work."""
     import triton.language as tl
 
-    tc.repair_triton_language()  # make sure a clean snapshot exists
+    interpreter_repair.repair_triton_language()  # make sure a clean snapshot exists
     original = tl.program_id
     tl.program_id = lambda *a, **k: None  # what a leaked interpreter patch looks like
     try:
-        assert tc.repair_triton_language() is True
+        assert interpreter_repair.repair_triton_language() is True
         assert tl.program_id is original
         res = _compile("probe_add", 80)
         assert res.shared == 0
-        assert tc.repair_triton_language() is False
+        assert interpreter_repair.repair_triton_language() is False
     finally:
         tl.program_id = original
 
@@ -302,8 +302,6 @@ def test_warm_launchers_builds_each_stub_once_and_never_raises(monkeypatch) -> N
 
     import triton.runtime
 
-    from dplr_gen import triton_compat as tc
-
     built, threads = [], set()
 
     def launcher_cls(src, metadata):
@@ -314,8 +312,8 @@ def test_warm_launchers_builds_each_stub_once_and_never_raises(monkeypatch) -> N
         built.append(src)
 
     monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=launcher_cls)))
-    ks = [tc.LoadedKernel(SimpleNamespace(src=s, metadata=None), [], {}) for s in ("a", "b", "bad")]
-    tc.warm_launchers(ks)
+    ks = [launch.LoadedKernel(SimpleNamespace(src=s, metadata=None), [], {}) for s in ("a", "b", "bad")]
+    launch_stubs.warm_launchers(ks)
     assert sorted(built) == ["a", "b"]
     assert len(threads) > 1  # concurrently
 
@@ -336,8 +334,7 @@ def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compil
     import triton.backends.nvidia.driver as nv
     import triton.runtime.build as tb
 
-    from dplr_gen import cache
-    from dplr_gen import triton_compat as tc
+    from dplr_gen.toolchain import cache
 
     compiles: list[str] = []
     real_check_call = subprocess.check_call
@@ -352,7 +349,7 @@ def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compil
     launcher = _TINY_EXT % ("__triton_launcher", "__triton_launcher", "signature A")
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-1"))
-    with tc.driver_modules_kept_in(root, version):
+    with launch_stubs.driver_modules_kept_in(root, version):
         assert nv.compile_module_from_src is not original
         first = nv.compile_module_from_src(src=launcher, name="__triton_launcher")
         other = nv.compile_module_from_src(src=_TINY_EXT % ("other_mod", "other_mod", ""), name="other_mod")
@@ -363,10 +360,10 @@ def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compil
     assert len(kept) == 1 and "__triton_launcher" in kept[0].read_text()  # only the driver's own module
     with cache.locked("f" * 64, version, root):  # a kernel's entry beside it is not counted
         cache.write_entry("f" * 64, version, {"x.cubin": b""}, {"kernel": "x"}, root)
-    assert tc.kept_driver_modules(root, version) == 1 and tc.kept_driver_modules(root, "3.5.0") == 0
+    assert launch_stubs.kept_driver_modules(root, version) == 1 and launch_stubs.kept_driver_modules(root, "3.5.0") == 0
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-2"))  # a fresh node: empty Triton cache
-    with tc.driver_modules_kept_in(root, version):
+    with launch_stubs.driver_modules_kept_in(root, version):
         again = nv.compile_module_from_src(src=launcher, name="__triton_launcher")
         assert len(compiles) == 2  # found, not compiled
         assert Path(again.__file__).read_bytes() == Path(first.__file__).read_bytes()
@@ -375,7 +372,7 @@ def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compil
         nv.compile_module_from_src(src=_TINY_EXT % ("__triton_launcher", "__triton_launcher", "signature B"),
                                    name="__triton_launcher")
         assert len(compiles) == 3
-    assert tc.kept_driver_modules(root, version) == 2
+    assert launch_stubs.kept_driver_modules(root, version) == 2
 
     # a damaged kept copy is never handed to Triton: it is compiled again and the copy replaced
     kept = sorted(root.rglob("__triton_launcher*.so"))
@@ -383,12 +380,12 @@ def test_driver_modules_kept_in_dplr_cache_spare_a_fresh_triton_cache_the_compil
     for so in kept:
         so.write_bytes(b"truncated")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-3"))
-    with tc.driver_modules_kept_in(root, version):
+    with launch_stubs.driver_modules_kept_in(root, version):
         healed = nv.compile_module_from_src(src=launcher, name="__triton_launcher")
     assert len(compiles) == 4 and healed.__name__ == "__triton_launcher"
     assert Path(healed.__file__).read_bytes() in {so.read_bytes() for so in kept} - {b"truncated"}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-4"))
-    with tc.driver_modules_kept_in(root, version):
+    with launch_stubs.driver_modules_kept_in(root, version):
         nv.compile_module_from_src(src=launcher, name="__triton_launcher")
     assert len(compiles) == 4
 
@@ -398,17 +395,15 @@ def test_warm_launchers_builds_one_stub_per_signature(monkeypatch) -> None:
 
     import triton.runtime
 
-    from dplr_gen import triton_compat as tc
-
     built: list[Any] = []
     monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=SimpleNamespace(
         launcher_cls=lambda src, metadata: built.append(src.signature))))
 
     def kernel(sig: dict[str, str], consts: dict[Any, Any]) -> Any:
-        return tc.LoadedKernel(SimpleNamespace(src=SimpleNamespace(signature=sig, constants=consts),
+        return launch.LoadedKernel(SimpleNamespace(src=SimpleNamespace(signature=sig, constants=consts),
                                                metadata=SimpleNamespace()), [], {})
 
     ks = [kernel({"x": "*bf16", "n": "i32"}, {}), kernel({"x": "*bf16", "n": "i32"}, {}),
           kernel({"x": "*fp32", "n": "i32"}, {}), kernel({"x": "*bf16", "n": "i32"}, {(1,): 4})]
-    tc.warm_launchers(ks)
+    launch_stubs.warm_launchers(ks)
     assert len(built) == 3

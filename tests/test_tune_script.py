@@ -39,7 +39,7 @@ def test_tune_dry_run_measures_every_setting(tmp_path: Path) -> None:
 def test_tune_package_mode_times_a_built_package_as_shipped(tmp_path: Path, bwd: str) -> None:
     """--package times every stage of the package's own kernels, including a token pass that derives every second
     state from the backward prep's operands (it takes them as an argument: the stage failed without them)."""
-    from dplr_gen import build as b
+    from dplr_gen.toolchain import build as b
 
     spec = tmp_path / "shipped.yaml"
     spec.write_text("name: shipped\ntargets: [sm_90]\nvariants:\n  - ops: [chunk]\n    dtypes: [fp32]\n"

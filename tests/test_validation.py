@@ -7,7 +7,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from dplr_gen import ops
+from dplr_gen.runtime import ops
 from dplr_gen.testing import rwkv7_inputs
 
 from .helpers import render_package

@@ -2,7 +2,7 @@
 must fit the shared memory of the tightest archs, and interpreter numerics against the float64 reference.
 
 Chunk kernels at K > 128 default to 16-wide V tiles, and their bounded-gate backward recomputes the gate-factored
-tiles after its V loop (templates/chunk_dplr.py.jinja: BV_DEFAULT, REFACTOR_AFTER_V_LOOP); the fused recurrent
+tiles after its V loop (dplr_gen/render/templates/chunk_dplr.py.jinja: BV_DEFAULT, REFACTOR_AFTER_V_LOOP); the fused recurrent
 kernel defaults to 32-wide V tiles there.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dplr_gen import build as b
-from dplr_gen import chunk_driver, ops
-from dplr_gen.arch import get_arch
+from dplr_gen.toolchain import build as b
+from dplr_gen.runtime import chunk_driver, ops
+from dplr_gen.spec.arch import get_arch
 from dplr_gen.reference import naive_dplr_delta_rule
 from dplr_gen.testing import rel_err, rwkv7_inputs
 

@@ -1,4 +1,4 @@
-"""Run time: find the built package for a device, load a variant's kernels, launch them.
+"""Loader: a built package (generated/<spec>/) and the kernels of its variants, ready to launch.
 
 A variant's kernels come from the build's cache entries (no compile, no autotune) when the package was built
 for this Triton release; otherwise Triton's JIT compiles the generated source (forbidden when
@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 import torch
 
-from . import cache
-from .compile import import_source
-from .variant import Variant
+from ..toolchain import cache
+from ..toolchain.compile import import_source
+from ..plan.variant import Variant
 
-GENERATED = Path(__file__).resolve().parent.parent / "generated"
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
 NO_JIT_ENV = "DPLR_GEN_NO_JIT"
 KEEP_STUBS_ENV = "DPLR_GEN_KEEP_STUBS"  # "0": launch stubs stay in Triton's cache only
 SPEC_ENV = "DPLR_GEN_SPEC"
@@ -146,11 +146,11 @@ class KernelSet:
 
 def interpreted_kernel_set(module: Any) -> KernelSet:
     """A rendered module's kernels run by Triton's interpreter (CPU tensors)."""
-    from . import triton_compat
+    from ..toolchain import interpreter_repair
 
     # before the first interpreted kernel: the interpreter may leave triton.language patched, and a later
     # ahead-of-time compile in this process restores it from this clean snapshot
-    triton_compat.snapshot_language()
+    interpreter_repair.snapshot_language()
     interpreter_numpy_compat()
     return KernelSet(module, None)
 
@@ -158,15 +158,15 @@ def interpreted_kernel_set(module: Any) -> KernelSet:
 def load_cached_kernels(module: Any, records: list[tuple[str, str]], root: Path) -> tuple[dict[str, Any] | None, str]:
     """The kernels (name, cache key) of ``records`` from dplr-gen's cache under ``root`` for this process's Triton
     release, launchable without compiling; or None and why not."""
-    from . import triton_compat
+    from ..toolchain import launch, triton_versions
 
-    installed = str(triton_compat.triton_version())
+    installed = str(triton_versions.triton_version())
     out: dict[str, Any] = {}
     for name, key in records:
         meta = cache.read_entry(key, installed, root)
         if meta is None:
             return None, f"its cache entry for {name} is missing under {root}"
-        out[name] = triton_compat.load_kernel(
+        out[name] = launch.load_kernel(
             getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
             cache.entry_dir(key, installed, root), meta["triton_metadata"].get("hash", key),
         )
@@ -219,7 +219,7 @@ class SpecPackage:
             raise UnsupportedDeviceError(
                 f"this GPU ({gpu}, {target}) is not a target of spec {self.name!r} ({self.spec_file}), which "
                 f"targets {', '.join(self.targets)}. Add {target} to its targets, or write specs/<arch>.yaml "
-                f"with `targets: [{target}]` (and an arch profile in dplr_gen/data/arches.yaml if it is new), "
+                f"with `targets: [{target}]` (and an arch profile in dplr_gen/spec/data/arches.yaml if it is new), "
                 "then run `dplr-gen build` on it"
             )
         return target
@@ -232,7 +232,7 @@ class SpecPackage:
             return self._kernel_sets[key]
 
     def add_variant(self, v: Variant) -> str:
-        """Make variant ``v`` (one generated on demand, dplr_gen.ondemand) selectable in this process; its name."""
+        """Make variant ``v`` (one generated on demand, dplr_gen.runtime.ondemand) selectable in this process; its name."""
         with self._lock:
             self.variants.setdefault(v.name, v)
         return v.name
@@ -248,11 +248,11 @@ class SpecPackage:
             return ondemand.kernel_set(self, self.variants[variant], target)
         entry = self.index["variants"][variant]["targets"][target]
         module = self._import_unit(entry)
-        from . import triton_compat
+        from ..toolchain import launch_stubs, triton_versions
 
         if interpreting():
             return interpreted_kernel_set(module)
-        if self.index.get("triton_version") != str(triton_compat.triton_version()):
+        if self.index.get("triton_version") != str(triton_versions.triton_version()):
             # rendered for another release: its sources may lack a workaround this one needs (the registry is
             # read only here, so a prebuilt package's cold start does not import pydantic and yaml)
             _refuse_unavoided_miscompiles(entry, target, self.index["variants"][variant]["params"])
@@ -261,7 +261,7 @@ class SpecPackage:
         manifest = self.manifest()
         aot, why = self._load_aot(module, entry["unit"], manifest)
         if aot is not None:
-            triton_compat.warm_launchers(aot.values(), keep_in=self._stub_store(manifest))
+            launch_stubs.warm_launchers(aot.values(), keep_in=self._stub_store(manifest))
             return KernelSet(module, aot)
         if env_flag(NO_JIT_ENV, False):
             raise NotBuiltError(
@@ -288,11 +288,11 @@ class SpecPackage:
     def _not_built(manifest: dict[str, Any] | None, unit: str | None) -> str:
         """Why ``manifest`` (this package's) names no compiled kernels of ``unit`` for this process's Triton
         release; "" where it does."""
-        from . import triton_compat
+        from ..toolchain import triton_versions
 
         if manifest is None:
             return "the package has not been built on this machine (no manifest.json)"
-        installed = str(triton_compat.triton_version())
+        installed = str(triton_versions.triton_version())
         if manifest["triton_version"] != installed:
             return f"it was built with Triton {manifest['triton_version']}, this process has {installed}"
         if unit not in manifest["units"]:
@@ -318,7 +318,7 @@ class SpecPackage:
         return Path(manifest.get("cache_root") or cache.cache_root())
 
     def _stub_store(self, manifest: dict[str, Any] | None) -> tuple[Path, str] | None:
-        """Where launch stubs are kept beside this package's kernels (see triton_compat.driver_modules_kept_in)."""
+        """Where launch stubs are kept beside this package's kernels (see launch_stubs.driver_modules_kept_in)."""
         if manifest is None or not keeps_stubs():
             return None
         return self._cache_root(manifest), manifest["triton_version"]
@@ -327,7 +327,7 @@ class SpecPackage:
         """Build (or find) the launch stubs of every kernel this package's manifest names and keep them in
         dplr-gen's cache, so that a fresh process on this machine, even with an empty Triton cache, compiles
         none. Needs Triton's CUDA driver (a GPU); returns the number of kernels covered."""
-        from . import triton_compat
+        from ..toolchain import launch_stubs
 
         manifest = self.manifest()
         if manifest is None:
@@ -339,15 +339,8 @@ class SpecPackage:
                     continue
                 aot, _ = self._load_aot(self._import_unit(t), t["unit"], manifest)
                 kernels.extend((aot or {}).values())
-        triton_compat.warm_launchers(kernels, keep_in=self._stub_store(manifest))
+        launch_stubs.warm_launchers(kernels, keep_in=self._stub_store(manifest))
         return len(kernels)
-
-    def __getattr__(self, name: str) -> Any:
-        from . import ops
-
-        if name in ops.OP_NAMES:
-            return functools.partial(getattr(ops, name), package=self)
-        raise AttributeError(name)
 
 
 class KnownMiscompileError(RuntimeError):
@@ -357,10 +350,11 @@ class KnownMiscompileError(RuntimeError):
 def _refuse_unavoided_miscompiles(entry: dict[str, Any], target: str, params: dict[str, Any]) -> None:
     """The source was rendered for the Triton of the build; a different installed release can bring silent
     miscompiles whose workaround the source lacks. Those are refused: wrong numbers are worse than an error."""
-    from . import quirks, triton_compat
-    from .arch import get_arch
+    from ..spec import quirks
+    from ..toolchain import triton_versions
+    from ..spec.arch import get_arch
 
-    installed = triton_compat.triton_version()
+    installed = triton_versions.triton_version()
     avoided = set(entry.get("quirks", ()))
     for q in quirks.active_quirks(get_arch(target).cc, installed, variant=params):
         if q.effect == "miscompile" and q.id not in avoided:
@@ -401,69 +395,5 @@ def package_at(directory: str | Path) -> SpecPackage:
     return _package_at_abs(d) if os.path.isabs(d) else _package_at(str(Path(d).resolve()))
 
 
-def load_package(module_name: str, init_file: str) -> SpecPackage:
-    """Called by generated/<spec>/__init__.py."""
-    return package_at(Path(init_file).parent)
-
-
 def all_packages(root: Path = GENERATED) -> list[SpecPackage]:
     return [package_at(p.parent) for p in sorted(root.glob("*/index.json"))]
-
-
-class _Dispatcher:
-    """``dplr_gen.<op>``: picks, per call, the built package whose targets cover the inputs' device."""
-
-    def package_for(self, device: torch.device) -> SpecPackage:
-        # the answer per (device, DPLR_GEN_SPEC) is kept: listing generated/ on every op call cost ~70 us (CPU box)
-        return self._package_for(device, os.environ.get(SPEC_ENV) or None)
-
-    @functools.lru_cache(maxsize=64)  # noqa: B019 - one dispatcher per process (default_package)
-    def _package_for(self, device: torch.device, wanted: str | None) -> SpecPackage:
-        """The package for a device (errors are not kept: a later build can mend them)."""
-        pkgs = all_packages()
-        if not pkgs:
-            raise NotBuiltError("no built spec under generated/: run `dplr-gen build specs/<arch>.yaml` first")
-        if wanted:
-            named = [p for p in pkgs if p.name == wanted]
-            if not named:
-                raise NotBuiltError(f"{SPEC_ENV}={wanted!r}: built specs are {', '.join(p.name for p in pkgs)}")
-            return named[0]
-        if device.type == "cuda":
-            target = device_target(device)
-            for p in pkgs:
-                if target in p.targets:
-                    return p
-            raise UnsupportedDeviceError(
-                f"no built spec covers this GPU ({torch.cuda.get_device_name(device)}, {target}); built: "
-                + "; ".join(f"{p.name} -> {', '.join(p.targets)}" for p in pkgs)
-                + f". Write specs/<arch>.yaml with `targets: [{target}]` and run `dplr-gen build` on it"
-            )
-        return next((p for p in pkgs if p.name == "ampere"), pkgs[0])
-
-    def __getattr__(self, name: str) -> Any:
-        from . import ops
-
-        if name not in ops.OP_NAMES:
-            raise AttributeError(name)
-        ops._constant_result(_compiled_package_for)  # marks it for Dynamo (idempotent)
-
-        def op(*args: Any, **kwargs: Any) -> Any:
-            q = args[0] if args else next(iter(kwargs.values()))
-            # under torch.compile the lookup (a folder listing) runs once at trace time, outside the graph
-            package = _compiled_package_for(q.device) if torch.compiler.is_compiling() else self.package_for(q.device)
-            return getattr(ops, name)(*args, package=package, **kwargs)
-
-        op.__name__ = name
-        return op
-
-
-@functools.cache
-def default_package() -> _Dispatcher:
-    return _Dispatcher()
-
-
-def _compiled_package_for(device: torch.device) -> SpecPackage:
-    """``dplr_gen.<op>``'s package under torch.compile. Marked as a constant result (the dispatcher marks it on
-    first use), so Dynamo calls it once while tracing instead of tracing the folder listing, which it cannot:
-    a graph then holds the package found for the device and DPLR_GEN_SPEC when it was traced."""
-    return default_package().package_for(device)

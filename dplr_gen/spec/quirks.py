@@ -17,7 +17,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
-from .spec import check_when, when_matches
+from .models import check_when, when_matches
 
 Effect = Literal["abort", "miscompile", "compile_error", "hang"]
 
@@ -142,8 +142,8 @@ def load_quirks_file(path: Path) -> list[Quirk]:
 
 @functools.cache
 def load_quirks() -> tuple[Quirk, ...]:
-    """The registry shipped in ``dplr_gen/data/quirks.yaml`` (validated once, cached)."""
-    text = resources.files("dplr_gen").joinpath("data/quirks.yaml").read_text()
+    """The registry shipped in ``dplr_gen/spec/data/quirks.yaml`` (validated once, cached)."""
+    text = resources.files("dplr_gen.spec").joinpath("data/quirks.yaml").read_text()
     return tuple(parse_quirks(yaml.safe_load(text)))
 
 

@@ -1,4 +1,4 @@
-"""Host side of the chunked DPLR kernels (templates/chunk_dplr.py.jinja): allocations, grids, launches.
+"""Host side of the chunked DPLR kernels (dplr_gen/render/templates/chunk_dplr.py.jinja): allocations, grids, launches.
 
 No autograd and no validation here: inputs arrive contiguous, in the variant's dtypes. Kernels are launched
 through a kernel set ``ks`` (``ks.<kernel>[grid](*runtime_args)``, ``ks.constexprs(<kernel>)``), which adds the

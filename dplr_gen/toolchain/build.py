@@ -22,11 +22,11 @@ from packaging.version import Version
 
 from . import cache
 from .compile import Cancel, CompileOutcome, job_for, run_in_subprocess
-from .render import GENERATOR_VERSION, TEMPLATE_FOR_OP, render_template, render_unit, source_hash
-from .spec import Spec, load_spec
-from .variants import BuildUnit, Filtered, build_units
+from ..render.render import GENERATOR_VERSION, TEMPLATE_FOR_OP, render_template, render_unit, source_hash
+from ..spec.models import Spec, load_spec
+from ..plan.variants import BuildUnit, Filtered, build_units
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GENERATED = REPO_ROOT / "generated"
 INDEX = "index.json"
 MANIFEST = "manifest.json"
@@ -295,7 +295,7 @@ def build_launch_stubs(out_dir: Path) -> str:
     variant on a GPU builds and keeps them. Returns a line for the build report."""
     if not _cuda_usable():
         return "launch stubs: no CUDA GPU here, built and kept by the first process that loads a variant on one"
-    from .runtime import package_at
+    from ..runtime.loader import package_at
 
     t0 = time.perf_counter()
     n = package_at(out_dir).build_launch_stubs()

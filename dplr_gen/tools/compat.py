@@ -4,7 +4,7 @@ For each Triton release a virtual environment holding only that release (and the
 compile step imports) is created on demand under ``<cache root>/venvs/triton-<version>``; the installed Triton
 is used as is. For each (spec, release) the spec is planned *for that release* (quirk flags, warp caps and
 refusals come from the registry for it), the units are rendered into a temporary folder, and each unit is
-compiled and verified by ``python -m dplr_gen.compile`` run with that environment's interpreter, one
+compiled and verified by ``python -m dplr_gen.toolchain.compile`` run with that environment's interpreter, one
 subprocess per unit. A compiler abort ends one subprocess and becomes a FAILED cell, never the command.
 
 Outcome per (spec, arch, release):
@@ -37,18 +37,18 @@ from typing import Any, Callable, Iterable, Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from . import quirks as quirk_registry
-from .arch import get_arch
-from .cache import cache_root
-from .compile import CompileJob, CompileOutcome, run_in_subprocess
-from .render import source_hash
-from .variants import BuildUnit, _resolve_knobs, expand, unit_flags
+from ..spec import quirks as quirk_registry
+from ..spec.arch import get_arch
+from ..toolchain.cache import cache_root
+from ..toolchain.compile import CompileJob, CompileOutcome, run_in_subprocess
+from ..render.render import TEMPLATES_DIR, source_hash
+from ..plan.variants import BuildUnit, _resolve_knobs, expand, unit_flags
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SPECS_DIR = REPO_ROOT / "specs"
 DOCS_DIR = REPO_ROOT / "docs"
 MINORS = tuple(range(1, 10))  # Triton 3.1 .. 3.9: the releases triton_compat speaks to
-# What `python -m dplr_gen.compile` imports besides the standard library is triton, filelock, platformdirs
+# What `python -m dplr_gen.toolchain.compile` imports besides the standard library is triton, filelock, platformdirs
 # and packaging; pyyaml and pydantic come along so the environment can also plan if ever needed.
 VENV_PACKAGES = ("filelock", "platformdirs", "packaging", "pyyaml", "pydantic")
 READY = ".dplr-gen-ready"
@@ -266,10 +266,10 @@ def _git_state() -> dict[str, Any]:
         except Exception:
             return ""
 
-    dirty = [line[3:] for line in git("status", "--porcelain", "--", "templates", "dplr_gen", "specs").splitlines()
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "dplr_gen", "specs").splitlines()
              if len(line) > 3]
     # the templates as rendered in this run (they may hold uncommitted work): their content hashes
-    templates = {f.name: source_hash(f.read_text()) for f in sorted((REPO_ROOT / "templates").glob("*.jinja"))}
+    templates = {f.name: source_hash(f.read_text()) for f in sorted(TEMPLATES_DIR.glob("*.jinja"))}
     return {"commit": git("rev-parse", "--short=12", "HEAD").strip() or None, "uncommitted": sorted(dirty),
             "templates": templates}
 
@@ -293,8 +293,8 @@ def run(opts: Options, log: Log = _quiet,
     Never raises for a failed compile, abort or environment: those become FAILED cells. ``checkpoint`` gets
     the partial result (``"complete": False``, unfinished cells ``pending``) after each compiled unit.
     """
-    from . import build as b
-    from .spec import load_spec
+    from ..toolchain import build as b
+    from ..spec.models import load_spec
 
     t_start = time.perf_counter()
     installed = installed_triton()
@@ -633,7 +633,7 @@ def render_markdown(data: dict[str, Any]) -> str:
 
     if data["quirks"]:
         lines += ["", "## Registry entries in effect", "",
-                  "From `dplr_gen/data/quirks.yaml`, for the (arch, Triton) pairs above.", ""]
+                  "From `dplr_gen/spec/data/quirks.yaml`, for the (arch, Triton) pairs above.", ""]
         for qid, q in sorted(data["quirks"].items()):
             avoid = q.get("avoid") or {}
             how = avoid.get("refuse") and f"refuse ({_md(avoid['refuse'])})" or ", ".join(
@@ -679,7 +679,7 @@ def _dur(s: float) -> str:
 
 
 def write_outputs(data: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    from .cache import atomic_write_text
+    from ..toolchain.cache import atomic_write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
     j, md = out_dir / "compat.json", out_dir / "compat.md"

@@ -28,16 +28,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import cache
-from .compile import import_source, job_for, run_in_subprocess
-from .runtime import NO_JIT_ENV, KernelSet, env_flag, interpreted_kernel_set, interpreting, keeps_stubs, \
+from ..toolchain import cache
+from ..toolchain.compile import import_source, job_for, run_in_subprocess
+from .loader import NO_JIT_ENV, KernelSet, env_flag, interpreted_kernel_set, interpreting, keeps_stubs, \
     load_cached_kernels
-from .variant import Variant
+from ..plan.variant import Variant
 
 if TYPE_CHECKING:
-    from .runtime import SpecPackage
-    from .spec import Spec
-    from .variants import BuildUnit
+    from .loader import SpecPackage
+    from ..spec.models import Spec
+    from ..plan.variants import BuildUnit
 
 LOG = logging.getLogger("dplr_gen")
 # what this process did for on-demand variants (tests and scripts/jit_first_call.py read it)
@@ -58,7 +58,7 @@ def choose(package: "SpecPackage", op: str, dtype: str, K: int, V: int, varlen: 
     varlen; the chunk size (and fp32 dot precision) most of the package's variants of that op and dtype use; the
     largest gate bound of the package at or below ``lower_bound`` (else any gate); gk read in the inputs' dtype
     where it arrives so and the package builds such variants, else in fp32 (which takes gk of any dtype)."""
-    from .variants import filtered_reason
+    from ..plan.variants import filtered_reason
 
     same_op = [v for v in package.variants.values() if v.op == op]
     like = [v for v in same_op if v.dtype == dtype] or same_op
@@ -154,7 +154,7 @@ class Prepared:
 
 
 def _triton_version() -> str:
-    from .build import installed_triton
+    from ..toolchain.build import installed_triton
 
     return str(installed_triton())
 
@@ -167,9 +167,9 @@ def ondemand_dir(spec_name: str, root: Path | None = None) -> Path:
 def unit_of(spec: "Spec", v: Variant, target: str) -> "BuildUnit":
     """Variant ``v`` of ``spec`` for ``target``, as the build would make it (knobs the variant cannot take
     dropped); a ValueError where the target refuses it."""
-    from .arch import get_arch
-    from .build import installed_triton
-    from .variants import BuildUnit, unit_for
+    from ..spec.arch import get_arch
+    from ..toolchain.build import installed_triton
+    from ..plan.variants import BuildUnit, unit_for
 
     u = unit_for(spec, get_arch(target), installed_triton(), v, lenient=True)
     if not isinstance(u, BuildUnit):
@@ -178,7 +178,7 @@ def unit_of(spec: "Spec", v: Variant, target: str) -> "BuildUnit":
 
 
 def _write_source(u: "BuildUnit", d: Path) -> tuple[Path, str]:
-    from .render import render_unit, source_hash
+    from ..render.render import render_unit, source_hash
 
     text = render_unit(u)
     path = d / f"{u.name}-{source_hash(text)}.py"
@@ -198,7 +198,7 @@ def prepare(spec: "Spec", v: Variant, target: str, compile: bool = True, root: P
     alloc = bool(u.flags.get("needs_allocator"))
     if not compile:
         return Prepared(u.name, source, [], needs_allocator=alloc)
-    from .render import source_hash
+    from ..render.render import source_hash
 
     record = d / f"{u.name}-{source_hash(text)}.json"
     tv = _triton_version()
@@ -308,7 +308,7 @@ def stage_of(op: str, kernel: str) -> str:
 def _shrink(u: "BuildUnit", module: Any, kernels: list[str]) -> tuple["BuildUnit", str] | None:
     """``u`` with smaller tiles for the stages of ``kernels`` (over the shared memory limit): the V tile halved
     while wider than 16, else one pipeline stage fewer; None where neither is left, or changes the source."""
-    from .render import render_unit
+    from ..render.render import render_unit
 
     before = render_unit(u)
     for knob in ("block_v", "num_stages"):
@@ -338,8 +338,8 @@ def _shrink(u: "BuildUnit", module: Any, kernels: list[str]) -> tuple["BuildUnit
 @functools.cache
 def spec_of(package_dir: str, spec_file: str, name: str) -> "Spec":
     """The spec a package was built from: its spec_file under the repository, or beside the package folder."""
-    from .build import REPO_ROOT
-    from .spec import load_spec
+    from ..toolchain.build import REPO_ROOT
+    from ..spec.models import load_spec
 
     d = Path(package_dir)
     for candidate in (REPO_ROOT / spec_file, d.parent / spec_file, d.parent / Path(spec_file).name):
@@ -364,8 +364,8 @@ def kernel_set(package: "SpecPackage", v: Variant, target: str) -> KernelSet:
         LOG.info("dplr-gen: variant %s rendered on demand for the interpreter (%s); to ship it ahead of time, %s",
                  v.name, prepared.source, where)
         return interpreted_kernel_set(module)
-    from . import triton_compat
-    from .runtime import _set_torch_allocator
+    from ..toolchain import launch_stubs
+    from .loader import _set_torch_allocator
 
     if prepared.needs_allocator:
         _set_torch_allocator()
@@ -373,7 +373,7 @@ def kernel_set(package: "SpecPackage", v: Variant, target: str) -> KernelSet:
     aot, why = load_cached_kernels(module, prepared.kernels, root)
     if aot is None:  # removed from under us since prepare: a clear error, not a JIT compile
         raise RuntimeError(f"on-demand variant {v.name} for {target}: {why}")
-    triton_compat.warm_launchers(aot.values(), keep_in=(root, _triton_version()) if keeps_stubs() else None)
+    launch_stubs.warm_launchers(aot.values(), keep_in=(root, _triton_version()) if keeps_stubs() else None)
     fit = f"; tiles made smaller to fit shared memory: {'; '.join(prepared.shrunk)}" if prepared.shrunk else ""
     if prepared.compiled:
         LOG.warning("dplr-gen: generated variant %s for %s on demand (%d kernels compiled in %.1f s, kept in %s%s); "

@@ -19,10 +19,10 @@ import torch
 
 from . import fused_recurrent_driver
 from . import gate_check
-from .variant import HEAD_DIM_MAX, HEAD_DIM_MIN
+from ..plan.variant import HEAD_DIM_MAX, HEAD_DIM_MIN
 
 if TYPE_CHECKING:
-    from .runtime import SpecPackage
+    from .loader import SpecPackage
 
 # benchmarks (A/B): False keeps a forward that keeps the states from running the backward's prep (_EagerOp)
 PREP_IN_FORWARD = True
@@ -139,7 +139,7 @@ def _select(
     chunk_size: int | None = None, lower_bound: float | None = None, gate_dtype: torch.dtype | None = None,
 ) -> str:
     """The best built variant that honours the request exactly; otherwise one generated on demand from the
-    package's spec (dplr_gen.ondemand; with DPLR_GEN_NO_JIT=1 a ValueError naming the spec entry to add).
+    package's spec (dplr_gen.runtime.ondemand; with DPLR_GEN_NO_JIT=1 a ValueError naming the spec entry to add).
     ``gate_dtype``: the dtype gk arrives in (None: any; an fp32-gate variant is preferred).
     Memoised per request (a package's variants do not change within a process; errors are not kept)."""
     return _select_cached(pkg_dir, op, dtype, K, V, varlen, chunk_size, lower_bound, gate_dtype)
@@ -156,7 +156,7 @@ def _select_cached(
     pkg_dir: str, op: str, dtype: torch.dtype, K: int, V: int, varlen: bool,
     chunk_size: int | None, lower_bound: float | None, gate_dtype: torch.dtype | None,
 ) -> str:
-    from .runtime import package_at
+    from .loader import package_at
 
     package = package_at(pkg_dir)
     dname = DTYPE_NAMES[dtype]
@@ -203,7 +203,7 @@ def variant_for(
 def _kernels(pkg: str, variant: str, device: torch.device) -> tuple[Any, Any]:
     """(kernel set, variant) for a device, memoised: at small shapes the host work of a call is what the GPU
     waits for (the lookup resolved the device's arch and the package every call)."""
-    from .runtime import package_at
+    from .loader import package_at
 
     package = package_at(pkg)
     return package.kernel_set(variant, package.target_for(device)), package.variants[variant]
@@ -289,7 +289,7 @@ def _dense_twin(pkg: str, variant: str, device: torch.device) -> Any:
     and either its kernels are prebuilt for ``device`` or the interpreter runs (never compiled at run time for
     this); else None. A varlen backward may run its token pass as the twin's, a launch per sequence
     (chunk_driver.per_sequence_launches)."""
-    from .runtime import interpreting, package_at
+    from .loader import interpreting, package_at
 
     package = package_at(pkg)
     var = package.variants[variant]
@@ -306,7 +306,7 @@ def _backward_variant(op: str, pkg: str, variant: str) -> str:
     function's gradient through the package's generic-gate chunk backward."""
     if op == "chunk":
         return variant
-    from .runtime import package_at
+    from .loader import package_at
 
     package = package_at(pkg)
     var = package.variants[variant]
@@ -429,7 +429,7 @@ def _run(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     _check_keywords(chunk_size, lower_bound)
     if cp_context is not None:  # the rank's slice of a batch split over a process group (cp.py)
-        from . import cp
+        from .. import cp
 
         if lower_bound is not None:  # a broken promise would give finite, wrong numbers (gate_check)
             gate_check.check_lower_bound(tensors[5], lower_bound)
@@ -486,7 +486,7 @@ def chunk_dplr_delta_rule(
     for a bound at or below it; ``chunk_size`` prefers a variant of that chunk where one is built and is
     otherwise ignored (chunking is an implementation detail: results differ only by rounding; a variant
     generated on demand takes the spec's usual chunk); a call no built variant covers (any K, V from 16 to 256)
-    gets its variant generated on demand from the package's spec (dplr_gen.ondemand: rendered, compiled once
+    gets its variant generated on demand from the package's spec (dplr_gen.runtime.ondemand: rendered, compiled once
     into the cache, one log line naming the spec entry that would ship it; DPLR_GEN_NO_JIT=1 makes that an
     error); bf16 on CPU tensors (Triton's interpreter, whose bf16 dots are wrong) computes in float32 and
     rounds the output to bf16; ``disable_recompute=True`` keeps the chunk-start states and U of the forward for the backward
@@ -495,7 +495,7 @@ def chunk_dplr_delta_rule(
     can follow (grad mode on, an input that requires grad): otherwise it changes nothing;
     ``safe_gate`` (fla's promise that gk >= -5) is accepted for fla compatibility and changes nothing (pass
     ``lower_bound`` to select a bounded variant). The ``lower_bound`` promise is checked (on a GPU
-    without a host sync, inside the bounded variant's prep: see dplr_gen.gate_check; DPLR_GEN_CHECK_LOWER_BOUND=0
+    without a host sync, inside the bounded variant's prep: see dplr_gen.runtime.gate_check; DPLR_GEN_CHECK_LOWER_BOUND=0
     skips it).
     ``initial_state`` may be float32 or a lower precision (bf16, fp16): the state is computed and returned in
     float32 either way, and its gradient comes back in initial_state's dtype. ``cp_context`` (from

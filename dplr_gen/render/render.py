@@ -10,9 +10,9 @@ from typing import Any
 
 import jinja2
 
-from .variants import FACTOR_LIMIT, BuildUnit, factored
+from ..plan.variants import FACTOR_LIMIT, BuildUnit, factored
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"  # package data: an installed wheel renders too
 TEMPLATE_FOR_OP = {"chunk": "chunk_dplr.py.jinja", "fused_recurrent": "fused_recurrent_dplr.py.jinja"}
 GENERATOR_VERSION = "1"  # bump when the generator's output changes for the same templates and spec
 

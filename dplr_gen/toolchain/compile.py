@@ -1,6 +1,6 @@
 """Compiling one rendered source for one target, in a process of its own.
 
-``python -m dplr_gen.compile JOB.json`` compiles every kernel the source declares (its SIGNATURES, CONSTEXPRS,
+``python -m dplr_gen.toolchain.compile JOB.json`` compiles every kernel the source declares (its SIGNATURES, CONSTEXPRS,
 LAUNCH tables), checks each result against the target (shared memory within the arch limit; no conversion
 between two MMA layouts on matrix units other than mma v2), stores passing kernels in the cache and prints one
 JSON result line. A compiler abort (SIGABRT, segfault) kills only this process; the parent reports it with the
@@ -62,7 +62,7 @@ class CompileOutcome:
 def job_for(unit: Any, source: str | Path, text: str, root: Path, triton_version: str,
             kernels: list[str] | None = None, force: bool = False) -> CompileJob:
     """The compile job of build unit ``unit`` (variants.BuildUnit) whose rendered ``text`` is at ``source``."""
-    from .render import source_hash
+    from ..render.render import source_hash
 
     return CompileJob(
         unit=unit.name, source=str(source), source_hash=source_hash(text), target=unit.target, cc=unit.arch.cc,
@@ -93,7 +93,7 @@ def kernel_cache_key(job_source_hash: str, name: str, module: ModuleType, cc: in
 
 def run_job(job: CompileJob) -> CompileOutcome:
     """Compile in this process (the caller made it a fresh one)."""
-    from . import cache, triton_compat
+    from . import cache, triton_compile, ttgir
 
     module = import_source(job.source, f"dplr_gen_build_{job.unit}")
     root = Path(job.cache_root)
@@ -107,7 +107,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
                 t0 = time.perf_counter()
                 try:
                     launch = dict(module.LAUNCH[name])  # num_warps, num_stages, then compiler options (maxnreg)
-                    res = triton_compat.compile_kernel(
+                    res = triton_compile.compile_kernel(
                         getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name], job.cc,
                         launch.pop("num_warps"), launch.pop("num_stages"), launch,
                     )
@@ -122,7 +122,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
                         "(lower block_v/num_stages for this stage in the spec's tuning)"
                     )
                 if job.check_mma:
-                    conv = triton_compat.mma_conversions(res.ttgir)
+                    conv = ttgir.mma_conversions(res.ttgir)
                     if conv:
                         problems.append(
                             f"TTGIR holds {len(conv)} conversion(s) between MMA layouts, {MMA_CONVERSION_HINT}: "
@@ -149,7 +149,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
     return out
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Cancel:
@@ -203,7 +203,7 @@ def run_in_subprocess(job: CompileJob, timeout: float = 900.0, python: str = sys
     env.pop("TRITON_INTERPRET", None)  # compiling needs the real compiler
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     try:
-        proc = cancel.start([python, "-m", "dplr_gen.compile", job_path], env)
+        proc = cancel.start([python, "-m", "dplr_gen.toolchain.compile", job_path], env)
         if proc is None:
             return CompileOutcome(job.unit, job.target, False, error=f"compiling {where} was cancelled")
         try:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import yaml_marks
 from .arch import UnknownArchError, get_arch
-from .variant import HEAD_DIM_MAX, HEAD_DIM_MIN
+from ..plan.variant import HEAD_DIM_MAX, HEAD_DIM_MIN
 
 DType = Literal["bf16", "fp16", "fp32"]
 Op = Literal["chunk", "fused_recurrent"]
@@ -38,7 +38,7 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 # Knobs that only some stages take, and those stages: `chunk`, the token pass walks longer chunks than the
 # variant's; `overlap`, the reverse pass runs beside the states pass; `block_k`, the token pass splits its K
 # columns over several programs; `states_every`, h and dh are kept for every second token-pass chunk only;
-# `gluon`, the token pass is the Gluon kernel (templates/chunk_dplr_bwd_gluon.py.jinja).
+# `gluon`, the token pass is the Gluon kernel (dplr_gen/render/templates/chunk_dplr_bwd_gluon.py.jinja).
 STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "chunk": ("chunk.bwd",),
     "overlap": ("chunk.bwd_dh",),

@@ -10,9 +10,9 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from . import quirks as quirk_registry
-from .arch import ArchProfile, get_arch
-from .spec import STAGE_COPIES, STAGES, Knobs, Spec, SpecError, VariantAxes, when_matches
+from ..spec import quirks as quirk_registry
+from ..spec.arch import ArchProfile, get_arch
+from ..spec.models import STAGE_COPIES, STAGES, Knobs, Spec, SpecError, VariantAxes, when_matches
 from .variant import Variant
 
 
@@ -143,7 +143,7 @@ def _resolve_knobs(
 
 
 # Triton releases whose Gluon API (triton.experimental.gluon: linear layouts, mma_v2, reshape / permute of register
-# tensors) templates/chunk_dplr_bwd_gluon.py.jinja is written against: an experimental API, so a release not
+# tensors) dplr_gen/render/templates/chunk_dplr_bwd_gluon.py.jinja is written against: an experimental API, so a release not
 # checked builds the Triton form of the token pass instead (the knob is then a no-op, shown in the unit's flags).
 # (A release outside this range does not check the knob's variants either: see check_gluon.)
 GLUON_TRITON = SpecifierSet(">=3.6,<3.7")

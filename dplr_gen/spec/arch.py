@@ -48,7 +48,7 @@ class ArchProfile(BaseModel):
 
 @functools.cache
 def load_arches() -> dict[str, ArchProfile]:
-    text = resources.files("dplr_gen").joinpath("data/arches.yaml").read_text()
+    text = resources.files("dplr_gen.spec").joinpath("data/arches.yaml").read_text()
     raw = yaml.safe_load(text)
     return {key: ArchProfile.model_validate(val) for key, val in raw.items()}
 
@@ -64,7 +64,7 @@ def get_arch(target: str | int) -> ArchProfile:
     if key not in arches:
         raise UnknownArchError(
             f"unknown target arch {target!r}: known archs are {', '.join(arches)}; "
-            "add a profile to dplr_gen/data/arches.yaml to support a new GPU generation (docs/specs.md lists its "
+            "add a profile to dplr_gen/spec/data/arches.yaml to support a new GPU generation (docs/specs.md lists its "
             "fields)"
         )
     return arches[key]

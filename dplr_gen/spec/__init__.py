@@ -1,0 +1,1 @@
+"""Spec layer (data): the Pydantic spec models, GPU arch profiles, the Triton quirk registry and the YAML loader."""

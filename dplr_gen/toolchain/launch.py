@@ -1,0 +1,80 @@
+"""Launchable kernels rebuilt from the files an AOT compile wrote (no recompile)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .triton_compile import _ARTIFACT_EXTS
+from .triton_source import make_source
+
+
+class LoadedKernel:
+    """A launchable kernel rebuilt from persisted files: ``kernel[grid](*runtime_args, stream=None)``."""
+
+    def __init__(self, compiled: Any, order: list[tuple[str, bool]], constexprs: Mapping[str, Any]) -> None:
+        self.compiled = compiled  # triton CompiledKernel (internal API: don't reach into it elsewhere)
+        # (name, is_constexpr) for each argument the launcher parses, in launcher order
+        self._order = order
+        self._constexprs = dict(constexprs)
+        self.n_runtime = sum(1 for _, c in order if not c)
+
+    @property
+    def metadata(self) -> Any:
+        return self.compiled.metadata
+
+    def resources(self) -> dict[str, Any]:
+        """Registers per thread and spilled bytes of the loaded binary (loads it on the device); {} if unknown."""
+        try:
+            self.compiled._init_handles()
+        except Exception:  # noqa: BLE001 - informational only
+            return {}
+        return {k: getattr(self.compiled, k, None) for k in ("n_regs", "n_spills")}
+
+    def __getitem__(self, grid: int | Sequence[int]) -> Callable[..., None]:
+        g = (grid,) if isinstance(grid, int) else tuple(grid)
+        g = (g + (1, 1, 1))[:3]  # CompiledKernel indexes grid[0..2]
+        launch = self.compiled[g]
+        order, consts, n = self._order, self._constexprs, self.n_runtime
+
+        def run(*args: Any, stream: Any = None) -> None:
+            if len(args) != n:
+                raise TypeError(f"{self.compiled.name} takes {n} runtime arguments, got {len(args)}")
+            it = iter(args)
+            # launcher arity follows src.signature: constexpr slots exist only from 3.3 on
+            full = [consts[name] if is_c else next(it) for name, is_c in order]
+            launch(*full, stream=stream)
+
+        return run
+
+
+def load_kernel(
+    fn: Any,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    files_dir: Path,
+    hash: str,
+    *,
+    pointer_divisibility: bool = True,
+    divisible_args: Iterable[str] = (),
+) -> LoadedKernel:
+    """Rebuild a launchable kernel from files written by ``CompileResult.write`` (no recompile).
+
+    Only ``<kernel name>.<ext>`` files of ``files_dir`` are used, so other json files may sit beside them.
+    Signature/constexprs (and the divisibility flags) must be those it was compiled with.
+    """
+    from triton.compiler.compiler import CompiledKernel
+
+    src = make_source(fn, signature, constexprs, pointer_divisibility=pointer_divisibility,
+                      divisible_args=divisible_args)
+    files_dir = Path(files_dir)
+    stem = src.name[:150]  # Triton's own file-name truncation
+    group = {f"{stem}.{ext}": str(files_dir / f"{stem}.{ext}") for ext in _ARTIFACT_EXTS
+             if (files_dir / f"{stem}.{ext}").is_file()}
+    if f"{stem}.json" not in group or f"{stem}.cubin" not in group:
+        raise FileNotFoundError(f"{files_dir}: need {stem}.json and {stem}.cubin")
+    # CompiledKernel takes the first *.json it meets as metadata: put it first
+    group = {f"{stem}.json": group.pop(f"{stem}.json"), **group}
+    compiled = CompiledKernel(src, group, hash)
+    order = [(name, ty == "constexpr") for name, ty in src.signature.items()]
+    return LoadedKernel(compiled, order, constexprs)
