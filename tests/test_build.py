@@ -82,7 +82,7 @@ def test_lost_cache_entry_is_rebuilt(small_spec: Path, tmp_path: Path) -> None:
 def test_two_builds_at_once(small_spec: Path, tmp_path: Path) -> None:
     out = tmp_path / "gen"
     env = dict(os.environ)
-    cmd = [sys.executable, "-c", f"from dplr_gen import build as b; from pathlib import Path; "
+    cmd = [sys.executable, "-c", f"from dplr_gen.toolchain import build as b; from pathlib import Path; "
            f"r = b.build({str(small_spec)!r}, jobs=1, out_root=Path({str(out)!r})); "
            "raise SystemExit(1 if r.failures else 0)"]
     procs = [subprocess.Popen(cmd, env=env) for _ in range(2)]

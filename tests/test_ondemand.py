@@ -209,7 +209,7 @@ def test_dispatcher_generates_from_the_repository_spec(monkeypatch: pytest.Monke
 
 
 PREPARE = (
-    "import json, sys; from dplr_gen import ondemand; from dplr_gen.spec.models import load_spec; "
+    "import json, sys; from dplr_gen.runtime import ondemand; from dplr_gen.spec.models import load_spec; "
     "from dplr_gen.plan.variant import Variant; "
     "p = ondemand.prepare(load_spec(sys.argv[1]), Variant(**json.loads(sys.argv[2])), sys.argv[3]); "
     "print(json.dumps({'stats': dict(ondemand.STATS), 'compiled': p.compiled, 'kernels': p.kernels}))"
