@@ -28,6 +28,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
+from dplr_gen.plan.chunk_plan import plan_chunk  # noqa: E402
 from dplr_gen.render.render import environment  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -111,7 +112,7 @@ def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
     env = environment()  # the generator's own strict environment, with its globals
     tune = tune or {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs()}
     flags = flags or _default_flags()
-    return env.get_template(TEMPLATE).render(v=v, tune=tune, flags=flags, arch=arch,
+    return env.get_template(TEMPLATE).render(v=v, tune=tune, flags=flags, arch=arch, plan=plan_chunk(v, arch, tune),
                                              header=f"# test render: {v.name}")
 
 

@@ -1,0 +1,97 @@
+"""The chunk kernel plan (dplr_gen/plan/chunk_plan.py): the one place a chunk unit's tiles and passes are decided;
+the rendered tables the driver launches from carry its values."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from dplr_gen.plan.chunk_plan import chunk_plan
+from dplr_gen.plan.variants import build_units
+from dplr_gen.render.render import render_unit
+from dplr_gen.spec.models import load_spec
+from dplr_gen.toolchain.compile import import_source
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+def _units(spec: str):
+    units, _ = build_units(load_spec(SPECS / spec), Version("3.6.0"))
+    return units
+
+
+def _rendered(unit, folder: Path) -> dict:
+    """The rendered module's names, imported from a file (Gluon kernels read their source file)."""
+    path = folder / f"{unit.name}.py"
+    path.write_text(render_unit(unit))
+    name = f"_chunk_plan_test_{unit.name}"
+    try:
+        return dict(vars(import_source(path, name)))
+    finally:
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("spec", ["hopper.yaml", "ada.yaml"])
+def test_rendered_tables_carry_the_plan(spec: str, tmp_path: Path) -> None:
+    """Every chunk unit's CONSTEXPRS and OPTIONS (what the driver reads) hold the plan's tiles and passes."""
+    chunk_units = [u for u in _units(spec) if u.variant.op == "chunk"]
+    assert chunk_units
+    for u in chunk_units:
+        plan, ns = chunk_plan(u), _rendered(u, tmp_path)
+        ce, opts = ns["CONSTEXPRS"], ns["OPTIONS"]
+        assert ce["chunk_dplr_prep_kernel"] == {"K": u.variant.K, "BC": plan.chunk, "BK": plan.block_k}, u.name
+        assert ce["chunk_dplr_fwd_kernel"]["BV"] == plan.block_v_fwd, u.name
+        assert ce["chunk_dplr_bwd_dh_kernel"]["BV"] == plan.block_v_dh, u.name
+        bwd = ce["chunk_dplr_bwd_kernel"]
+        assert (bwd["BC"], bwd["BK"], bwd["BV"]) == (plan.token_chunk, plan.block_k_bwd, plan.block_v_bwd), u.name
+        assert opts["states_every"] == plan.states_every, u.name
+        assert (opts["segments"], opts["segments_bwd"]) == (plan.segments, plan.segments_bwd), u.name
+        assert opts["overlap_state_passes"] is plan.overlap_state_passes, u.name
+        assert ("chunk_dplr_fwd_small_kernel" in ce) == (plan.knobs_fwd_small is not None), u.name
+        if plan.knobs_fwd_small is not None:
+            assert ce["chunk_dplr_fwd_small_kernel"]["BV"] == plan.block_v_fwd_small, u.name
+        assert ns["TOKEN_DERIVES"] == plan.derive_states == (plan.states_every > plan.token_chunk), u.name
+
+
+def test_block_v_knob_is_clamped_to_the_variant() -> None:
+    """hopper.yaml's chunk.fwd.block_v (32 for its K = 64 variants) reaches the plan where the variant allows it:
+    at most V padded to a power of two, at least 64 at chunk 64; every tile a power of two."""
+    seen = set()
+    for u in _units("hopper.yaml"):
+        if u.variant.op != "chunk":
+            continue
+        plan, knob = chunk_plan(u), u.tune["fwd"].block_v
+        lo = 64 if plan.chunk >= 64 else 16
+        assert plan.block_v_fwd == max(min(knob, plan.block_v_max), lo), (u.name, knob)
+        for bv in (plan.block_v_fwd, plan.block_v_dh, plan.block_v_bwd):
+            assert bv & (bv - 1) == 0 and lo <= bv <= max(plan.block_v_max, lo), (u.name, bv)
+        seen.add(plan.block_v_fwd)
+    assert 32 in seen
+
+
+def test_token_pass_tile_defaults_to_16_under_128_kb_of_shared_memory() -> None:
+    """hopper.yaml's units without their token-pass V tile knob: 16 (64 at chunk 64) on ada.yaml's sm_89 (99 KB a
+    block); on sm_90 (227 KB) the state passes' default, which keeps the fp32 [BK, BV] state tiles at 4096."""
+    small = next(u for u in _units("ada.yaml") if u.variant.op == "chunk").arch
+    assert small.smem_per_block < 131072
+    seen = set()
+    for u in _units("hopper.yaml"):
+        if u.variant.op != "chunk":
+            continue
+        u = dataclasses.replace(u, tune={**u.tune, "bwd": u.tune["bwd"].model_copy(update={"block_v": None})})
+        big = chunk_plan(u)
+        lo = 64 if big.token_chunk >= 64 else 16
+        assert big.block_v_bwd == max(min(big.block_v_max, 64, 4096 // big.block_k), lo), u.name
+        assert chunk_plan(dataclasses.replace(u, arch=small)).block_v_bwd == lo, u.name
+        seen.add(big.block_v_bwd)
+    assert seen >= {32, 64}, seen
+
+
+def test_only_chunk_units_have_a_chunk_plan() -> None:
+    u = next(u for u in _units("ada.yaml") if u.variant.op == "fused_recurrent")
+    with pytest.raises(ValueError, match=rf"{u.name}.*only 'chunk' units"):
+        chunk_plan(u)
