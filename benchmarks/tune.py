@@ -108,12 +108,9 @@ def worker(cfg: dict[str, Any], jobs: list[str]) -> int:
         system = C.System("tune", "dplr", "sweep", (("lower_bound", GATE_BOUND), ("chunk_size", chunk)))
         op, _ = C.load_op(system, cfg["package"])
         x = C.leaves({n: None if t is None else t.to(dev) for n, t in ref["x"].items()})
-        drv.POISON = True
-        try:
+        with drv.forced(poison=True):
             got = C.fwd_bwd(op, x, ref["do"].to(dev), ref["dht"].to(dev))
             _synchronize("accuracy run", dev)
-        finally:
-            drv.POISON = False
         row["err"] = C.errors(got, ref["ref"])
         # per-kernel time, the driver called directly
         B, T, H = cfg["time_shape"] or TIME_SHAPES[D]

@@ -310,7 +310,7 @@ class Worker:
         return {"compile_and_first_call_s": time.perf_counter() - t0, "errors": C.errors(comp, eager)}
 
     def overlap(self) -> dict[str, Any]:
-        """The backward with the states pass on a side stream (chunk_driver.OVERLAP = True) against the same
+        """The backward with the states pass on a side stream (chunk_driver.forced(overlap=True)) against the same
         backward on one stream (False): the same kernels on the same inputs, so every output must be equal."""
         from dplr_gen.runtime import chunk_driver
 
@@ -321,12 +321,9 @@ class Worker:
         # would the driver pick the side stream here by itself (the variant's knob, the grid)?
         picked = C.overlap_picked(self.cfg["package"], x) if x["r"].is_cuda else None
         out = {}
-        try:
-            for mode in (False, True):
-                chunk_driver.OVERLAP = mode
+        for mode in (False, True):
+            with chunk_driver.forced(overlap=mode):
                 out[mode] = C.fwd_bwd(op, C.leaves(x), do, dht)
-        finally:
-            chunk_driver.OVERLAP = None
         return {"picked_by_driver": picked, "errors": C.errors(out[True], out[False])}
 
     def graph(self) -> dict[str, Any]:

@@ -185,14 +185,11 @@ def run_case(v, B=1, T=37, H=2, lens=None, extreme=False, with_h0=True, tune=Non
     ks = load(v, tune, flags)
     x = {n: t.to(DEVICE) for n, t in x.items()}
     cu = None if cu is None else cu.to(DEVICE)
-    chunk_driver.POISON = True
-    try:
+    with chunk_driver.forced(poison=True):
         o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], scale,
                                                     h0.float().to(DEVICE), cu, keep_states, prep_for_bwd)
         dq, dk, dv, da, db, dg, dh0 = chunk_driver.chunk_dplr_bwd(ks, v, saved, do.to(dt).to(DEVICE),
                                                                   dht.float().to(DEVICE))
-    finally:
-        chunk_driver.POISON = False
     assert o.dtype == dt and ht.dtype == torch.float32 and dg.dtype == gdt and dh0.dtype == torch.float32
     out = {"o": o, "ht": ht, "q": dq, "k": dk, "v": dv, "a": da, "b": db, "gk": dg, "h0": dh0}
     errs = {n: rel_err(out[n], ref[n]) for n in NAMES}
@@ -362,7 +359,7 @@ def test_small_grid_kernels_declared():
 @pytest.mark.parametrize("varlen", [False, True])
 def test_small_grid_kernels(monkeypatch, varlen):
     # the small-grid copies (V tile 16 instead of 32: three V blocks) give the reference's results
-    monkeypatch.setattr(chunk_driver, "SMALL_GRID", True)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(small_grid=True))
     v = make_variant("fp32", K=32, V=48, varlen=varlen)
     kw = {"lens": [5, 40, 17]} if varlen else {"B": 2, "T": 40}
     check(run_case(v, H=2, tune=SMALL, **kw), TOL["fp32"])
@@ -414,7 +411,7 @@ def test_state_passes_over_segments(monkeypatch, dtype, K, V, B, T, count, keep)
     pass ran over segments (forward, reverse, and the recompute's states pass)."""
     seen = []
     rule = chunk_driver.segments
-    monkeypatch.setattr(chunk_driver, "SEGMENTS", count)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(segments=count))
     monkeypatch.setattr(chunk_driver, "segments", lambda *a: seen.append(rule(*a)) or seen[-1])
     v = make_variant(dtype, K=K, V=V)
     check(run_case(v, B=B, T=T, H=2, tune=SEGMENTED, keep_states=keep), TOL[dtype])
@@ -519,12 +516,9 @@ def test_backward_prep_without_the_states_pass_operands(derive):
     ks = load(v, tune)
     x = {n: t.to(DEVICE) for n, t in rwkv7_inputs(2, 45, 2, 32, 32, dtype=torch.float32).items()}
     args = (ks, v, x["q"], x["k"], x["a"], x["b"], x["gk"], None, 2 * 3)  # slots: 2 sequences x 3 chunks
-    chunk_driver.POISON = True
-    try:
+    with chunk_driver.forced(poison=True):
         full = chunk_driver.chunk_prep(*args, for_bwd=True)
         lean = chunk_driver.chunk_prep(*args, for_bwd=True, pass_ops=False)
-    finally:
-        chunk_driver.POISON = False
     assert lean.w is None and lean.m is None and (lean.bwt is not None) == derive
     for name in chunk_driver.Prep._fields:
         a, b = getattr(full, name), getattr(lean, name)
@@ -555,8 +549,7 @@ def test_forward_runs_the_backward_prep(monkeypatch, derive, lens, gate_bound):
     monkeypatch.setattr(chunk_driver, "chunk_prep",
                         lambda *a, **k: runs.append(k.get("for_bwd", False)) or real(*a, **k))
     out = {}
-    chunk_driver.POISON = True
-    try:
+    with chunk_driver.forced(poison=True):
         for prep_for_bwd in (False, True):
             runs.clear()
             o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, *[x[n] for n in ("q", "k", "v", "a", "b", "gk")], 0.3,
@@ -567,8 +560,6 @@ def test_forward_runs_the_backward_prep(monkeypatch, derive, lens, gate_bound):
                 assert pr.w is None and pr.m is None and pr.fwd is None and (pr.bwt is not None) == derive
             out[prep_for_bwd] = (o, ht, *chunk_driver.chunk_dplr_bwd(ks, v, saved, do, dht))
             assert runs == ([True] if prep_for_bwd else [False, True]) and "prep" not in saved
-    finally:
-        chunk_driver.POISON = False
     for name, a, b in zip(NAMES, out[False], out[True]):
         assert not a.isnan().any() and torch.equal(a, b), name
 
@@ -674,12 +665,9 @@ def test_persistent_token_pass_declares_its_item_count(varlen, derive):
     h, u, _ = chunk_driver.chunk_states(ks, v, saved, pr)
     dh, dr, _, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, None)
     steps = chunk_driver.state_step_operands(pr) if derive else ()
-    chunk_driver.POISON = True
-    try:
+    with chunk_driver.forced(poison=True):
         plain = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, steps=steps)
         persistent = chunk_driver.chunk_dplr_bwd_tokens(ks_g, v, saved, h, u, do, dh, dr, steps=steps)
-    finally:
-        chunk_driver.POISON = False
     for n, a, b in zip(("q", "k", "a", "b", "gk"), plain, persistent):
         assert not a.isnan().any() and torch.equal(a, b), n
 
@@ -820,11 +808,8 @@ def test_dk_dq_written_over_dr_u(varlen, K):
                                  for_bwd=True, chunk_map=saved["chunk_map"])
     h, u, _ = chunk_driver.chunk_states(ks, v, saved, pr)
     dh, dr, _, _ = chunk_driver.chunk_dplr_bwd_dh(ks, v, saved, pr, do, torch.randn_like(ht))
-    chunk_driver.POISON = True
-    try:
+    with chunk_driver.forced(poison=True):
         fresh = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr)
-    finally:
-        chunk_driver.POISON = False
     assert not any(g.isnan().any() for g in fresh)
     dr_ptr, u_ptr = dr.data_ptr(), u.data_ptr()
     over = chunk_driver.chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dk_over_dr=True,
@@ -914,14 +899,15 @@ def test_overlap_choice(monkeypatch):
     # host-bound steps (few token-heads) keep one stream: the fork and join cost more host time than they save
     assert chunk_driver._overlap(ks(True), q(1, 32), 1, 64)  # 131072 token-heads
     assert not chunk_driver._overlap(ks(True), q(1, 8), 1, 64) and not chunk_driver._overlap(ks(True), q(2, 2), 2, 64)
-    monkeypatch.setattr(chunk_driver, "OVERLAP", True)  # tests and benchmarks force it either way
+    # tests and benchmarks force it either way
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(overlap=True))
     assert chunk_driver._overlap(ks(False), q(8, 64), 8, 64)
     assert not chunk_driver._overlap(ks(True), q(4, 32, cuda=False), 4, 64)
-    monkeypatch.setattr(chunk_driver, "OVERLAP", False)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(overlap=False))
     assert not chunk_driver._overlap(ks(True), q(4, 32), 4, 64)
-    monkeypatch.setattr(chunk_driver, "OVERLAP", None)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(overlap=None))
     monkeypatch.setattr(chunk_driver, "_capturing", lambda: True)  # inside a CUDA graph capture: one stream
     assert not chunk_driver._overlap(ks(True), q(4, 32), 4, 64)
-    monkeypatch.setattr(chunk_driver, "OVERLAP", True)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(overlap=True))
     assert not chunk_driver._overlap(ks(True), q(4, 32), 4, 64)
 

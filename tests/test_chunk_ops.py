@@ -35,7 +35,8 @@ def pkg(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chunk_driver, "POISON", True)  # every buffer NaN before the kernels write it
+    # every buffer NaN before the kernels write it
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(poison=True))
 
 
 def run_op(pkg, x: dict[str, Any], **kw: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -141,7 +142,7 @@ def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatc
                         lambda twin, seqs, *a: launched.append(len(seqs)) or real(twin, seqs, *a))
     grads = {}
     for per_seq in (False, True):
-        monkeypatch.setattr(chunk_driver, "PER_SEQUENCE", per_seq)
+        monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(per_sequence=per_seq))
         o, ht, xs = run_op(pkg, x, cu_seqlens=cu, cu_seqlens_cpu=cu, lower_bound=-0.61, disable_recompute=keep)
         torch.autograd.backward((o, ht), (do, dht))
         grads[per_seq] = {n: t.grad for n, t in xs.items()}
@@ -160,7 +161,7 @@ def test_varlen_without_a_dense_twin_keeps_the_varlen_kernel(tmp_path, monkeypat
     vpkg = render_package(tmp_path, spec, "varlen_only")
     variant = next(n for n in vpkg.variants if "fp32" in n and "gbm0p61" in n)
     assert ops._dense_twin(str(vpkg.dir), variant, torch.device("cpu")) is None
-    monkeypatch.setattr(chunk_driver, "PER_SEQUENCE", True)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(per_sequence=True))
     launched: list[int] = []
     real = chunk_driver._token_pass_per_sequence
     monkeypatch.setattr(chunk_driver, "_token_pass_per_sequence",
@@ -180,7 +181,7 @@ def test_varlen_without_a_dense_twin_keeps_the_varlen_kernel(tmp_path, monkeypat
 
 def test_per_sequence_launch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """A launch per sequence only with the twin and the host's offsets, for few sequences each with enough
-    waves of work on the device, never while a graph is captured; PER_SEQUENCE forces it either way."""
+    waves of work on the device, never while a graph is captured; DriverOptions.per_sequence forces it either way."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(chunk_driver, "_device_sms", lambda dev: 10)
@@ -217,11 +218,11 @@ def test_per_sequence_launch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chunk_driver.per_sequence_launches(kset(2, derive=True), saved([long] * 2, twin), 1, dev) is None
     capturing[0] = True
     assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None
-    monkeypatch.setattr(chunk_driver, "PER_SEQUENCE", True)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(per_sequence=True))
     assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None  # not in a capture
     capturing[0] = False
     assert chunk_driver.per_sequence_launches(ks, saved([1, 2], kset(None)), 1, dev) == [(0, 1, 0), (1, 3, 1)]
-    monkeypatch.setattr(chunk_driver, "PER_SEQUENCE", False)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(per_sequence=False))
     assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None
 
 

@@ -71,8 +71,7 @@ def _worker(rank: int, world: int, port: int, pkg_dir: str, work: str, segments:
     out = Path(work) / f"rank{rank}.pt"
     try:
         _init(rank, world, port)
-        chunk_driver.POISON = True
-        chunk_driver.SEGMENTS = segments
+        chunk_driver.OPTIONS = chunk_driver.DriverOptions(poison=True, segments=segments)
         data = torch.load(Path(work) / "inputs.pt")
         cu = data["cu"]
         ctx = build_cp_context(cu, cu_seqlens_cpu=cu if rank % 2 else None)

@@ -55,7 +55,8 @@ def pkg(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chunk_driver, "POISON", True)  # every buffer NaN before the kernels write it
+    # every buffer NaN before the kernels write it
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(poison=True))
     monkeypatch.delenv("DPLR_GEN_NO_JIT", raising=False)
 
 

@@ -155,3 +155,23 @@ def test_dispatcher_answer_is_kept_per_device_and_spec(monkeypatch: pytest.Monke
         with pytest.raises(NotBuiltError, match="no_such_spec"):
             d.package_for(cpu)
         assert len(listed) == n
+
+
+def test_driver_options_are_forced_for_a_block_only() -> None:
+    """chunk_driver.forced replaces the named options for its block and restores the ones before; an unknown
+    option is refused naming the valid ones."""
+    from dplr_gen.runtime import chunk_driver
+
+    before = chunk_driver.OPTIONS
+    with chunk_driver.forced(poison=True, segments=4) as opts:
+        assert chunk_driver.OPTIONS is opts and (opts.poison, opts.segments, opts.overlap) == (True, 4, None)
+        assert torch.isnan(chunk_driver._empty((3,), torch.float32, torch.device("cpu"))).all()
+        with chunk_driver.forced(overlap=False):
+            assert (chunk_driver.OPTIONS.poison, chunk_driver.OPTIONS.overlap) == (True, False)
+        assert chunk_driver.OPTIONS is opts
+    assert chunk_driver.OPTIONS is before
+    with pytest.raises(TypeError, match=r"unknown \['poisson'\]; valid: \['poison', 'small_grid'"):
+        chunk_driver.with_options(poisson=True)
+    with pytest.raises(TypeError, match="unknown"), chunk_driver.forced(grid=1):
+        pass
+    assert chunk_driver.OPTIONS is before

@@ -84,7 +84,8 @@ def pkg(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize("K, V", SHAPES)
 def test_chunk_forward_backward(pkg, monkeypatch: pytest.MonkeyPatch, K: int, V: int,
                                 lower_bound: float | None) -> None:
-    monkeypatch.setattr(chunk_driver, "POISON", True)  # every buffer NaN before the kernels write it
+    # every buffer NaN before the kernels write it
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(poison=True))
     name = ops._select(str(pkg.dir), "chunk", torch.float32, K, V, False, None, lower_bound)
     assert pkg.variants[name].gate_bound == lower_bound
     src = (pkg.dir / pkg.index["variants"][name]["targets"]["sm_80"]["source"]).read_text()

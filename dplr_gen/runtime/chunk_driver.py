@@ -14,10 +14,14 @@ h and dh are kept only where its chunks start and end, in slots of TC tokens.
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import functools
 import math
 import threading
 import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -37,20 +41,54 @@ FWD_H_SEG = "chunk_dplr_fwd_h_seg_kernel"
 SEG_MAPS_BWD = "chunk_dplr_seg_maps_bwd_kernel"
 BWD_DH_SEG = "chunk_dplr_bwd_dh_seg_kernel"
 
-# Tests set this to fill every output and scratch buffer with NaN before a launch, so that an element a
-# kernel fails to write shows up.
-POISON = False
-# Tests set this to force (True) or forbid (False) the state passes' small-grid kernels; None: by the device.
-SMALL_GRID: bool | None = None
-# tests and benchmarks: force the states pass beside the reverse pass on (True) or off (False) whatever the
-# variant's knob says (None: the knob)
-OVERLAP: bool | None = None
-# tests and benchmarks: force the varlen token pass's launch per sequence on (True, wherever it can run) or off
-# (False); None: by per_sequence_launches' rule
-PER_SEQUENCE: bool | None = None
-# tests and benchmarks: force the state passes over this many segments per sequence wherever the variant has the
-# segmented passes (0 or 1: one walk; None: by ``segments``' rule)
-SEGMENTS: int | None = None
+
+
+@dataclass(frozen=True)
+class DriverOptions:
+    """Choices tests and benchmarks force on the driver; the defaults leave each to the driver's own rule."""
+
+    # fill every output and scratch buffer with NaN before a launch, so that an element a kernel fails to write
+    # shows up
+    poison: bool = False
+    # force (True) or forbid (False) the state passes' small-grid kernels; None: by the device
+    small_grid: bool | None = None
+    # force the states pass beside the reverse pass on (True) or off (False) whatever the variant's knob says;
+    # None: the knob (and the device, _overlap)
+    overlap: bool | None = None
+    # force the varlen token pass's launch per sequence on (True, wherever it can run) or off (False); None: by
+    # per_sequence_launches' rule
+    per_sequence: bool | None = None
+    # force the state passes over this many segments per sequence wherever the variant has the segmented passes
+    # (0 or 1: one walk); None: by ``segments``' rule
+    segments: int | None = None
+
+
+# the options in force: process-wide, not per thread or context (the autograd engine runs a CUDA backward on a
+# thread of its own); set with ``forced`` or replaced whole (tests' monkeypatch)
+OPTIONS = DriverOptions()
+
+
+def with_options(**choices: bool | int | None) -> DriverOptions:
+    """The options in force with ``choices`` (DriverOptions fields) replaced."""
+    valid = [f.name for f in dataclasses.fields(DriverOptions)]
+    unknown = sorted(set(choices) - set(valid))
+    if unknown:
+        raise TypeError(f"driver options: unknown {unknown}; valid: {valid}")
+    return dataclasses.replace(OPTIONS, **choices)
+
+
+@contextlib.contextmanager
+def forced(**choices: bool | int | None) -> Iterator[DriverOptions]:
+    """The driver under ``with_options(**choices)`` until the block ends."""
+    global OPTIONS
+    before = OPTIONS
+    OPTIONS = with_options(**choices)
+    try:
+        yield OPTIONS
+    finally:
+        OPTIONS = before
+
+
 # the state passes over segments (knob segments): the fewest chunks a segment walks, and the warps and programs per
 # SM its pass may hold. Its cost is about three walks of a segment (the maps' V and K columns, then the pass), so it
 # needs at least three segments to gain, and a grid the device runs at once. H100, bf16, forward+backward
@@ -67,7 +105,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:
-    if POISON:
+    if OPTIONS.poison:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
@@ -191,8 +229,8 @@ def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[
     the variant's ``small_grid_below_sms`` for it (knob launch_below_sms; 1 where unset)."""
     small = name.replace("_kernel", "_small_kernel")
     if ks.has(small):
-        if SMALL_GRID is not None:
-            use = SMALL_GRID
+        if OPTIONS.small_grid is not None:
+            use = OPTIONS.small_grid
         else:
             below = ks.option("small_grid_below_sms", {}).get(name, 1)
             use = NH * _cdiv(V, ks.constexprs(name)["BV"]) < below * _device_sms(device)
@@ -209,13 +247,13 @@ def segments(ks, name: str, programs: int, T: int, device: torch.device, option:
     chunk.bwd_dh_small.segments; at most that many; 0 in every varlen variant) and the small-grid copy ``name`` was chosen for a grid of
     ``programs``: as many segments as keep the pass's grid within SEGMENT_WARPS_PER_SM warps and
     SEGMENT_PROGRAMS_PER_SM programs per SM, each of at least SEGMENT_MIN_CHUNKS chunks, and at least three
-    (``SEGMENTS`` forces the count)."""
+    (DriverOptions.segments forces the count)."""
     most = ks.option(option, 0)
     if not most:
         return None
     NT = _cdiv(T, ks.constexprs(FWD)["BC"])
-    if SEGMENTS is not None:
-        count = SEGMENTS
+    if OPTIONS.segments is not None:
+        count = OPTIONS.segments
     elif name.endswith("_small_kernel"):
         per_sm = max(1, min(SEGMENT_PROGRAMS_PER_SM, SEGMENT_WARPS_PER_SM // ks.warps(name)))
         count = min(most, NT // SEGMENT_MIN_CHUNKS, per_sm * _device_sms(device) // programs)
@@ -557,10 +595,10 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
     (``twin``, set by the ops where the package has it prebuilt) and the sequence starts as read on the host
     (``offsets``), the twin's token pass walks the same chunks and kept states and derives none, no CUDA graph
     is being captured (a replay would keep this call's launches whatever the lengths then), and, unless
-    PER_SEQUENCE forces it, there are few sequences, each with PER_SEQUENCE_MIN_WAVES waves of work items on
-    the device (the twin's residency known: a prebuilt persistent kernel)."""
+    DriverOptions.per_sequence forces it, there are few sequences, each with PER_SEQUENCE_MIN_WAVES waves of work
+    items on the device (the twin's residency known: a prebuilt persistent kernel)."""
     twin, offs = saved.get("twin"), saved.get("offsets")
-    if PER_SEQUENCE is False or twin is None or offs is None or saved["cu_seqlens"] is None:
+    if OPTIONS.per_sequence is False or twin is None or offs is None or saved["cu_seqlens"] is None:
         return None
     TC = saved["TC"]
     if (derives_states(ks) or derives_states(twin) or token_chunk(twin) != TC
@@ -568,7 +606,7 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
         return None
     H = saved["q"].shape[2]
     seqs = [(bos, eos, bos // TC + n) for n, (bos, eos) in enumerate(zip(offs[:-1], offs[1:]))]
-    if PER_SEQUENCE is None:
+    if OPTIONS.per_sequence is None:
         resident = twin.resident_per_sm(BWD, device) if device.type == "cuda" else None
         if not resident or BWD not in twin.option("persistent", ()) or len(seqs) > PER_SEQUENCE_MAX_SEQS:
             return None
@@ -646,8 +684,8 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
     memory's lifetime across replays are not checked)."""
     if not q.is_cuda or _capturing():
         return False
-    if OVERLAP is not None:
-        return OVERLAP
+    if OPTIONS.overlap is not None:
+        return OPTIONS.overlap
     if not ks.option("overlap_state_passes", False):
         return False
     if q.shape[0] * q.shape[1] * q.shape[2] < OVERLAP_MIN_TOKEN_HEADS:
