@@ -2,8 +2,7 @@
 must fit the shared memory of the tightest archs, and interpreter numerics against the float64 reference.
 
 Chunk kernels at K > 128 default to 16-wide V tiles, and their bounded-gate backward recomputes the gate-factored
-tiles after its V loop (dplr_gen/render/templates/chunk_dplr.py.jinja: BV_DEFAULT, REFACTOR_AFTER_V_LOOP); the fused recurrent
-kernel defaults to 32-wide V tiles there.
+tiles after its V loop (dplr_gen/plan/chunk_plan.py: the default V tile, refactor_after_v_loop); the fused recurrent kernel defaults to 32-wide V tiles there.
 """
 
 from __future__ import annotations

@@ -73,6 +73,8 @@ class ChunkPlan:
     # the varlen arguments the sequence/slot helpers take ("": dense)
     cu_args: str
     cu_map_args: str
+    # what the Gluon token pass's _locate takes besides the work item: the varlen maps, or the dense length
+    locate_args: str
     # a declared gate bound is enforced in every path: gk is clamped to >= bound, so the result never depends on
     # the path
     clamp: bool
@@ -193,6 +195,7 @@ def plan_chunk(v: Variant, arch: ArchProfile, tune: Mapping[str, Knobs]) -> Chun
         log2_chunk=_LOG2[C],
         cu_args="cu_seqlens, " if v.varlen else "",
         cu_map_args="cu_seqlens, chunk_map, " if v.varlen else "",
+        locate_args="cu_seqlens, chunk_map, " if v.varlen else "T, ",
         clamp=clamp,
         promise_args="kept, lower_bound, " if clamp else "",
         factored=is_factored,
