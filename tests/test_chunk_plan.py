@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging.version import Version
 
+from dplr_gen.plan.chunk_kernels import KERNELS, arguments, conditions
 from dplr_gen.plan.chunk_plan import chunk_plan
 from dplr_gen.plan.variants import build_units
 from dplr_gen.render.render import render_unit
@@ -95,3 +97,19 @@ def test_only_chunk_units_have_a_chunk_plan() -> None:
     u = next(u for u in _units("ada.yaml") if u.variant.op == "fused_recurrent")
     with pytest.raises(ValueError, match=rf"{u.name}.*only 'chunk' units"):
         chunk_plan(u)
+
+
+@pytest.mark.parametrize("spec", ["hopper.yaml", "ampere.yaml"])
+def test_kernels_take_the_declared_arguments(spec: str, tmp_path: Path) -> None:
+    """Each chunk kernel's def (the Gluon token pass's too, written by hand), its SIGNATURES entry and the
+    declaration (plan/chunk_kernels.py) name the same run-time arguments in the same order."""
+    seen = set()
+    for u in (u for u in _units(spec) if u.variant.op == "chunk"):
+        plan, flags, ns = chunk_plan(u), SimpleNamespace(**u.flags), _rendered(u, tmp_path)
+        for kernel in KERNELS:
+            declared = arguments(kernel, plan, flags)
+            assert ns["SIGNATURES"][kernel] == declared, (u.name, kernel)
+            params = list(ns[kernel].arg_names)
+            assert params == list(declared) + list(ns["CONSTEXPRS"][kernel]), (u.name, kernel, params)
+        seen |= {k for k, on in conditions(plan, flags).items() if on}
+    assert seen == {"clamp", "varlen", "derive", "gluon"} if spec == "hopper.yaml" else seen >= {"clamp", "varlen"}

@@ -10,6 +10,7 @@ from typing import Any
 
 import jinja2
 
+from ..plan.chunk_kernels import kernel_params, signatures_table
 from ..plan.chunk_plan import chunk_plan
 from ..plan.variants import FACTOR_LIMIT, BuildUnit
 
@@ -44,6 +45,8 @@ def environment() -> jinja2.Environment:
     env.globals["next_pow2"] = next_pow2
     env.globals["launch"] = launch
     env.globals["FACTOR_LIMIT"] = FACTOR_LIMIT
+    env.globals["kernel_params"] = kernel_params  # the chunk kernels' run-time parameters (plan/chunk_kernels.py)
+    env.globals["signatures_table"] = signatures_table
     return env
 
 
