@@ -264,8 +264,9 @@ def _span_forward_maps(ks: Any, var: Any, x: tuple[torch.Tensor, ...]) -> tuple[
     n_seg, per = _plan(ks, T, H, V, q.device, "segments")
     bv = ks.constexprs(cd.SEG_MAPS)["BV"]
     xs = cd._empty((H, n_seg, K, V + K), torch.float32, q.device)
-    getattr(ks, cd.SEG_MAPS)[(H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg)](
-        pr.kwt, v, pr.bwt, pr.egc, pr.w, pr.m, xs, per, T, H)
+    cd._launch(ks, cd.SEG_MAPS, (H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg),
+               {"kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m, "xs": xs, "seg_chunks": per,
+                "T": T, "H": H})
     total = xs[:, 0]
     for j in range(1, n_seg):
         P = xs[:, j, :, V:]
@@ -283,15 +284,17 @@ def _span_forward_pass(ks: Any, x: tuple[torch.Tensor, ...], pr: Any, seg: tuple
     o = cd._empty(v.shape, v.dtype, q.device)
     ht = cd._empty((1, H, K, V), torch.float32, q.device)
     h, u = cd._stub(cd.boundary_dtype(q), q.device), cd._stub(v.dtype, q.device)  # no states kept: recomputed
-    args = (pr.x3, pr.kwt, v, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, h0, h, ht, u)
+    args = {"qw": pr.x3, "kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m, "aqk": pr.x1,
+            "aqb": pr.x2, "o": o, "h0": h0, "h": h, "ht": ht, "u": u, "scale": float(scale), "store_states": 0,
+            "T": T, "H": H}
     n_seg, per = seg
     if n_seg == 1:
         name, bv = cd._pass_kernel(ks, cd.FWD, H, V, q.device)
-        getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, float(scale), 0, T, H)
+        cd._launch(ks, name, (H, cd._cdiv(V, bv)), args)
     else:
         bv = ks.constexprs(cd.FWD_SEG)["BV"]
-        getattr(ks, cd.FWD_SEG)[(H, cd._cdiv(V, bv), n_seg)](*args, xs[:, :-1].contiguous(), per, float(scale), 0,
-                                                             T, H)
+        cd._launch(ks, cd.FWD_SEG, (H, cd._cdiv(V, bv), n_seg),
+                   {**args, "xs": xs[:, :-1].contiguous(), "seg_chunks": per})
     return o, ht
 
 
@@ -311,13 +314,15 @@ class _SpanBackward:
         self.h, self.u = cd.chunk_states(ks, var, self.saved, self.pr)[:2]
 
     def _reverse_args(self, pr: Any, do: torch.Tensor, dht: torch.Tensor, T: int, n_hslots: int
-                      ) -> tuple[tuple[Any, ...], tuple[torch.Tensor, ...]]:
+                      ) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]]:
         dev = do.device
         dh = cd._empty((n_hslots, self.H, self.K, self.V), cd.boundary_dtype(do), dev)
         dh0 = cd._empty((1, self.H, self.K, self.V), torch.float32, dev)
         dr = cd._empty((1, T, self.H, self.V), do.dtype, dev)
         dv = cd._empty((1, T, self.H, self.V), do.dtype, dev)
-        args = (pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv)
+        args = {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "kwt": pr.kwt, "aqkt": pr.x5,
+                "aakt": pr.x6, "do": do, "dht": dht, "dh": dh, "dh0": dh0, "dr": dr, "dv": dv, "scale": self.scale,
+                "T": T, "H": self.H}
         return args, (dh, dr, dh0, dv)
 
     def entering_grad(self, d_end: torch.Tensor) -> torch.Tensor:
@@ -331,8 +336,9 @@ class _SpanBackward:
         if n_seg > 1:
             bv = ks.constexprs(cd.SEG_MAPS_BWD)["BV"]
             self.xs = cd._empty((H, n_seg - 1, K, V + K), torch.float32, do.device)
-            getattr(ks, cd.SEG_MAPS_BWD)[(H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg - 1)](
-                pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, do, self.xs, per, self.scale, T, H)
+            cd._launch(ks, cd.SEG_MAPS_BWD, (H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg - 1),
+                       {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "do": do, "xs": self.xs,
+                        "seg_chunks": per, "scale": self.scale, "T": T, "H": H})
             for j in range(n_seg - 2, -1, -1):
                 dS = self.xs[None, :, j, :, V:] @ dS + self.xs[None, :, j, :, :V]
         # the first segment's chunks as a sequence of their own (dense slots: chunk i of it is slot i)
@@ -341,7 +347,7 @@ class _SpanBackward:
         n_hslots = cd._cdiv(T0, cd.states_every(ks))
         args, outs = self._reverse_args(view, do[:, :T0], dS.contiguous(), T0, n_hslots)
         name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, do.device)
-        getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, self.scale, T0, H)
+        cd._launch(ks, name, (H, cd._cdiv(V, bv)), args)
         return outs[2][0]
 
     def finish(self, dht: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -354,10 +360,10 @@ class _SpanBackward:
         n_seg, per = self.seg
         if n_seg == 1:
             name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, do.device)
-            getattr(ks, name)[(H, cd._cdiv(V, bv))](*args, self.scale, T, H)
+            cd._launch(ks, name, (H, cd._cdiv(V, bv)), args)
         else:
             bv = ks.constexprs(cd.BWD_DH_SEG)["BV"]
-            getattr(ks, cd.BWD_DH_SEG)[(H, cd._cdiv(V, bv), n_seg)](*args, self.xs, per, self.scale, T, H)
+            cd._launch(ks, cd.BWD_DH_SEG, (H, cd._cdiv(V, bv), n_seg), {**args, "xs": self.xs, "seg_chunks": per})
         del pr
         dq, dk, da, db, dg = cd.chunk_dplr_bwd_tokens(ks, self.var, self.saved, self.h, self.u, do, dh, dr,
                                                       dk_over_dr=True, dq_over_u=True, steps=steps)

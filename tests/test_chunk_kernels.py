@@ -66,6 +66,9 @@ class DevKernelSet:
     def has(self, name):
         return name in self.m.SIGNATURES
 
+    def arguments(self, name):
+        return self.m.SIGNATURES[name].keys()
+
     def option(self, name, default=None):
         return getattr(self.m, "OPTIONS", {}).get(name, default)
 

@@ -175,3 +175,26 @@ def test_driver_options_are_forced_for_a_block_only() -> None:
     with pytest.raises(TypeError, match="unknown"), chunk_driver.forced(grid=1):
         pass
     assert chunk_driver.OPTIONS is before
+
+
+def test_launch_takes_the_declared_arguments_by_name() -> None:
+    """chunk_driver._launch passes a kernel the arguments its SIGNATURES entry names, in that order, whatever else
+    it is given; a missing one is refused naming the kernel and the argument."""
+    from dplr_gen.runtime import chunk_driver
+
+    got = []
+
+    class KS:
+        def arguments(self, name):
+            return {"chunk_x_kernel": {"q": "*bf16", "T": "i32", "H": "i32"}}[name].keys()
+
+        def __getattr__(self, name):
+            class _Grid:
+                def __getitem__(self, grid):
+                    return lambda *args: got.append((name, grid, args))
+            return _Grid()
+
+    chunk_driver._launch(KS(), "chunk_x_kernel", (3,), {"H": 2, "extra": 9, "T": 5, "q": "Q"})
+    assert got == [("chunk_x_kernel", (3,), ("Q", 5, 2))]
+    with pytest.raises(TypeError, match="chunk_x_kernel: no value given for its argument 'T'"):
+        chunk_driver._launch(KS(), "chunk_x_kernel", (3,), {"q": "Q", "H": 2})

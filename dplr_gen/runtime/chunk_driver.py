@@ -2,7 +2,9 @@
 
 No autograd and no validation here: inputs arrive contiguous, in the variant's dtypes. Kernels are launched
 through a kernel set ``ks`` (``ks.<kernel>[grid](*runtime_args)``, ``ks.constexprs(<kernel>)``), which adds the
-constexpr arguments and launch options of the variant. Nothing here synchronises with the device.
+constexpr arguments and launch options of the variant; ``_launch`` passes the run-time arguments by name, in the
+order the variant's SIGNATURES declare (dplr_gen/plan/chunk_kernels.py). Nothing here synchronises with the
+device.
 
 Chunk slots (where the per-chunk values live): dense, sequence n owns slots n*NT .. n*NT+NT-1
 (NT = ceil(T / C)); varlen, the chunk starting at token s of sequence n owns slot s // C + n, which is unique
@@ -22,7 +24,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -266,18 +268,28 @@ def segments(ks, name: str, programs: int, T: int, device: torch.device, option:
     return (n_seg, per) if n_seg >= 2 else None
 
 
+def _launch(ks, name: str, grid: tuple[int, ...], args: dict[str, Any]) -> None:
+    """Launch kernel ``name`` over ``grid`` with the run-time arguments its SIGNATURES entry declares (names and
+    order: dplr_gen/plan/chunk_kernels.py), each taken by name from ``args`` (which may hold more)."""
+    try:
+        values = [args[n] for n in ks.arguments(name)]
+    except KeyError as e:
+        raise TypeError(f"{name}: no value given for its argument {e.args[0]!r}") from None
+    getattr(ks, name)[grid](*values)
+
+
 def _segmented_pass(ks, maps: str, kernel: str, seg: tuple[int, int], NH: int, K: int, V: int,
-                    device: torch.device, maps_args: tuple, maps_tail: tuple, pass_args: tuple, pass_tail: tuple,
-                    ) -> torch.Tensor:
+                    device: torch.device, args: dict[str, Any]) -> torch.Tensor:
     """Launch a state pass over segments (``seg`` from ``segments``): kernel ``maps`` writes each segment's map
     [L | P] (every segment but the one the pass starts from), then ``kernel`` walks every segment from the
-    state the maps fold into. Returns the maps (the caller holds them where the launches went to a side
-    stream)."""
+    state the maps fold into; each takes its arguments by name from ``args`` and the maps. Returns the maps
+    (the caller holds them where the launches went to a side stream)."""
     n_seg, per = seg
     bv = ks.constexprs(kernel)["BV"]
     xs = _empty((NH, n_seg - 1, K, V + K), torch.float32, device)
-    getattr(ks, maps)[(NH, _cdiv(V, bv) + _cdiv(K, bv), n_seg - 1)](*maps_args, xs, per, *maps_tail)
-    getattr(ks, kernel)[(NH, _cdiv(V, bv), n_seg)](*pass_args, xs, per, *pass_tail)
+    args = {**args, "xs": xs, "seg_chunks": per}
+    _launch(ks, maps, (NH, _cdiv(V, bv) + _cdiv(K, bv), n_seg - 1), args)
+    _launch(ks, kernel, (NH, _cdiv(V, bv), n_seg), args)
     return xs
 
 
@@ -293,17 +305,19 @@ def persistent_launch(ks, name: str, n_items: int, device: torch.device) -> tupl
     return (min(n_items, resident * _device_sms(device)) if resident else n_items), [n_items]
 
 
-def _cu(cu_seqlens: torch.Tensor | None) -> list[torch.Tensor]:
-    """The varlen kernel argument of the state passes: [cu_seqlens], or nothing for dense inputs."""
-    return [] if cu_seqlens is None else [cu_seqlens]
+def _cu(cu_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The varlen kernel argument of the state passes: cu_seqlens, or nothing for dense inputs."""
+    return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
 
 
-def _cu_map(cu_seqlens: torch.Tensor | None, chunk_map: torch.Tensor | None, C: int, n_slots: int) -> list[torch.Tensor]:
-    """The varlen kernel arguments of the chunk-parallel kernels: [cu_seqlens, chunk_map] (built here unless
+def _cu_map(cu_seqlens: torch.Tensor | None, chunk_map: torch.Tensor | None, C: int, n_slots: int,
+            ) -> dict[str, torch.Tensor]:
+    """The varlen kernel arguments of the chunk-parallel kernels: cu_seqlens and chunk_map (built here unless
     given), or nothing for dense inputs."""
     if cu_seqlens is None:
-        return []
-    return [cu_seqlens, chunk_map if chunk_map is not None else slot_map(cu_seqlens, C, n_slots)]
+        return {}
+    return {"cu_seqlens": cu_seqlens,
+            "chunk_map": chunk_map if chunk_map is not None else slot_map(cu_seqlens, C, n_slots)}
 
 
 class Prep(NamedTuple):
@@ -367,24 +381,29 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     # the skipped outputs' arguments: one valid element for the kernel's masked-off stores
     stub = _stub(q.dtype, q.device) if skip_wm or (for_bwd and not fwd_ops) else None
     w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
-    bwd_args = [x4, x5, x6, int(not skip_wm), *(fx or (stub,) * 3), int(fwd_ops)] if for_bwd else []
-    getattr(ks, PREP_BWD if for_bwd else PREP)[(n_slots * H,)](
-        q, k, a, b, gk, w_, m_, bwt_, kwt, egc, x1, x2, x3, *bwd_args, *_promise_args(v, promise, q.device),
-        *_cu_map(cu_seqlens, chunk_map, C, n_slots), T, H)
+    args = {"q": q, "k": k, "a": a, "b": b, "gk": gk, "w": w_, "m": m_, "bwt": bwt_, "kwt": kwt, "egc": egc,
+            **_promise_args(v, promise, q.device), **_cu_map(cu_seqlens, chunk_map, C, n_slots), "T": T, "H": H}
+    if for_bwd:
+        aqk, aqb, qw = fx or (stub,) * 3
+        args.update(y=x1, p=x2, qwt=x3, awt=x4, aqkt=x5, aakt=x6, store_pass_ops=int(not skip_wm), aqk=aqk,
+                    aqb=aqb, qw=qw, store_fwd_ops=int(fwd_ops))
+    else:
+        args.update(aqk=x1, aqb=x2, qw=x3)
+    _launch(ks, PREP_BWD if for_bwd else PREP, (n_slots * H,), args)
     fwd = Prep(w, m, bwt, kwt, egc, *fx, None, None, None) if fx else None
     return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, fwd)
 
 
-def _promise_args(v, promise: Promise | None, device: torch.device) -> list:
+def _promise_args(v, promise: Promise | None, device: torch.device) -> dict[str, Any]:
     """The prep's promise arguments (kept, lower_bound): a bounded variant's prep always takes them (a scratch
     flag and its own bound where nothing is checked), one for any gate none."""
     if v.gate_bound is None:
         if promise is not None:
             raise ValueError(f"promise: variant {v.name} is for any gate, its prep checks no lower_bound")
-        return []
+        return {}
     if promise is None:
-        return [gate_check.scratch_flag(device), float(v.gate_bound)]
-    return [promise.kept, promise.lower_bound]
+        return {"kept": gate_check.scratch_flag(device), "lower_bound": float(v.gate_bound)}
+    return {"kept": promise.kept, "lower_bound": promise.lower_bound}
 
 
 def promise_kept(ks, v, q, k, a, b, gk, lower_bound: float, cu_seqlens: torch.Tensor | None = None,
@@ -437,14 +456,14 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     if promise is not None:
         gate_check.confirm(promise)
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
-    args = (pr.x3, pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, pr.x1, pr.x2, o, initial_state, h, ht, u)
-    tail = (float(scale), int(keep_states), T, H)
+    args = {"qw": pr.x3, "kwt": pr.kwt, "v": v_, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m,
+            "aqk": pr.x1, "aqb": pr.x2, "o": o, "h0": initial_state, "h": h, "ht": ht, "u": u, **_cu(cu_seqlens),
+            "scale": float(scale), "store_states": int(keep_states), "T": T, "H": H}
     seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev)
     if seg is None:
-        getattr(ks, name)[(N * H, _cdiv(V, bv))](*args, *_cu(cu_seqlens), *tail)
-        return o, ht, saved
-    _segmented_pass(ks, SEG_MAPS, FWD_SEG, seg, N * H, K, V, dev, (pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m), (T, H),
-                    args, tail)
+        _launch(ks, name, (N * H, _cdiv(V, bv)), args)
+    else:
+        _segmented_pass(ks, SEG_MAPS, FWD_SEG, seg, N * H, K, V, dev, args)
     return o, ht, saved
 
 
@@ -491,15 +510,16 @@ def chunk_states(ks, v, saved, pr: Prep, side: torch.cuda.Stream | None = None,
     u = _empty(v_.shape, v_.dtype, k.device)
     NH = saved["N"] * H
     name, bv = _pass_kernel(ks, FWD_H, NH, V, k.device)
-    args = (pr.kwt, v_, pr.bwt, pr.egc, pr.w, pr.m, h0, h, ht, u, *_cu(cu_seqlens))
+    args = {"kwt": pr.kwt, "v": v_, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m, "h0": h0, "h": h,
+            "ht": ht, "u": u, **_cu(cu_seqlens), "T": T, "H": H}
     seg = segments(ks, name, NH * _cdiv(V, bv), T, k.device)
 
     def launch() -> tuple:
+        held = tuple(x for x in args.values() if isinstance(x, torch.Tensor))
         if seg is None:
-            getattr(ks, name)[(NH, _cdiv(V, bv))](*args, T, H)
-            return args
-        return (*args, _segmented_pass(ks, SEG_MAPS, FWD_H_SEG, seg, NH, K, V, k.device, args[:6], (T, H), args,
-                                       (T, H)))
+            _launch(ks, name, (NH, _cdiv(V, bv)), args)
+            return held
+        return (*held, _segmented_pass(ks, SEG_MAPS, FWD_H_SEG, seg, NH, K, V, k.device, args))
 
     if side is None:
         return h, u, launch()
@@ -526,13 +546,14 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tenso
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
     dv = _empty(saved["v"].shape, saved["v"].dtype, dev)
     name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
-    args = (pr.x3, pr.x4, pr.egc, pr.x1, pr.x2, pr.kwt, pr.x5, pr.x6, do, dht, dh, dh0, dr, dv)
+    args = {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "kwt": pr.kwt, "aqkt": pr.x5,
+            "aakt": pr.x6, "do": do, "dht": dht, "dh": dh, "dh0": dh0, "dr": dr, "dv": dv, **_cu(cu_seqlens),
+            "scale": scale, "T": T, "H": H}
     seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev, "segments_bwd")
     if seg is None:
-        getattr(ks, name)[(N * H, _cdiv(V, bv))](*args, *_cu(cu_seqlens), scale, T, H)
+        _launch(ks, name, (N * H, _cdiv(V, bv)), args)
     else:  # the maps walk the segments backwards, from dS = 0 with dO and from dS = I without
-        _segmented_pass(ks, SEG_MAPS_BWD, BWD_DH_SEG, seg, N * H, K, V, dev, (*args[:5], do), (scale, T, H), args,
-                        (scale, T, H))
+        _segmented_pass(ks, SEG_MAPS_BWD, BWD_DH_SEG, seg, N * H, K, V, dev, args)
     return dh, dr, dh0, dv
 
 
@@ -572,10 +593,19 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
         return dq, dk, da, db, dg
     n_items = n_tslots * H * nk
     grid, extra = persistent_launch(ks, BWD, n_items, dev)
-    getattr(ks, BWD)[(grid,)](
-        q, k, v_, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg, *steps,
-        *_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), scale, T, H, *extra)
+    _launch(ks, BWD, (grid,), {
+        **dict(zip(_TOKEN_INPUTS, (q, k, v_, a, b, gk))), "h": h, "dh": dh,
+        **dict(zip(_TOKEN_ROWS, (u, dr, do, dq, dk, da, db, dg))), **dict(zip(_STEP_OPERANDS, steps)),
+        **_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), "scale": scale, "T": T, "H": H,
+        **dict(zip(("n_items",), extra))})
     return dq, dk, da, db, dg
+
+
+# the token pass's arguments by group: the inputs, the per-token rows (U, dR, dO, then the outputs) and what a
+# deriving pass reads of the backward prep (state_step_operands' order)
+_TOKEN_INPUTS = ("q", "k", "v", "a", "b", "gk")
+_TOKEN_ROWS = ("u", "dr", "do", "dq", "dk", "da", "db", "dg")
+_STEP_OPERANDS = ("egc", "bwt", "kwt", "qwt", "awt")
 
 
 # The varlen token pass as one launch of the dense twin's kernel per sequence (per_sequence_launches): at most
@@ -628,7 +658,6 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
     of their memory is handed out again before both streams are done with it."""
     dev = h.device
     H = inputs[0].shape[2]
-    kern = getattr(twin, BWD)
     TC = token_chunk(twin)
     side = _side_stream(dev) if dev.type == "cuda" else None
     if side is not None:
@@ -637,13 +666,14 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
         nch = _cdiv(eos - bos, TC)
         grid, extra = persistent_launch(twin, BWD, nch * H * nk, dev)
         tok = (slice(None), slice(bos, eos))
-        args = (*(t[tok] for t in inputs), h[first:first + nch], dh[first:first + nch], *(t[tok] for t in rows),
-                scale, eos - bos, H, *extra)
+        args = {**{n: t[tok] for n, t in zip(_TOKEN_INPUTS, inputs)}, "h": h[first:first + nch],
+                "dh": dh[first:first + nch], **{n: t[tok] for n, t in zip(_TOKEN_ROWS, rows)}, "scale": scale,
+                "T": eos - bos, "H": H, **dict(zip(("n_items",), extra))}
         if side is not None and i % 2:
             with torch.cuda.stream(side):
-                kern[(grid,)](*args)
+                _launch(twin, BWD, (grid,), args)
         else:
-            kern[(grid,)](*args)
+            _launch(twin, BWD, (grid,), args)
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
 

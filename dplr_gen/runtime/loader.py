@@ -13,7 +13,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -102,6 +102,10 @@ class KernelSet:
 
     def constexprs(self, name: str) -> dict[str, Any]:
         return dict(self.module.CONSTEXPRS[name])
+
+    def arguments(self, name: str) -> Iterable[str]:
+        """Kernel ``name``'s run-time argument names in launch order (its SIGNATURES entry)."""
+        return self.module.SIGNATURES[name].keys()
 
     def warps(self, name: str) -> int:
         """Warps a program of kernel ``name`` runs (its launch options)."""
