@@ -74,15 +74,24 @@ def conditions(plan: Any, flags: Any) -> dict[str, bool]:
             "gluon": bool(flags.gluon_token_pass)}
 
 
+def _taken(rows: tuple[Row, ...], cond: Mapping[str, bool]) -> list[Row]:
+    """The rows a unit takes."""
+    return [r for r in rows if r.when is None or cond[r.when]]
+
+
+def _args(row: Row, cond: Mapping[str, bool]) -> list[tuple[str, str]]:
+    """(name, kind) of the arguments of ``row`` a unit takes."""
+    return [(n, k) for n, k, c in row.args if c is None or cond[c]]
+
+
 def _names(row: Row, cond: Mapping[str, bool]) -> list[str]:
-    return [n for n, _, c in row.args if c is None or cond[c]]
+    return [n for n, _ in _args(row, cond)]
 
 
 def arguments(kernel: str, plan: Any, flags: Any) -> dict[str, str]:
     """``kernel``'s run-time arguments in order, name -> signature type, for a unit (its ChunkPlan and flags)."""
     cond = conditions(plan, flags)
-    return {n: _type(k, plan) for r in KERNELS[kernel] if r.when is None or cond[r.when]
-            for n, k, c in r.args if c is None or cond[c]}
+    return {n: _type(k, plan) for r in _taken(KERNELS[kernel], cond) for n, k in _args(r, cond)}
 
 
 def _type(kind: str, plan: Any) -> str:
@@ -95,7 +104,7 @@ def kernel_params(kernel: str, plan: Any, flags: Any) -> str:
     rows = KERNELS[kernel]
     first = next(i for i, r in enumerate(rows) if r.when is not None)
     lines = [", ".join(n for r in rows[:first] for n in _names(r, cond)) + ","]
-    rest = [r for r in rows[first:] if r.when is None or cond[r.when]]
+    rest = _taken(rows[first:], cond)
     lines += [", ".join(_names(r, cond)) + "," for r in rest if r.own_line]
     lines.append(" ".join(n + "," for r in rest if not r.own_line for n in _names(r, cond)))
     return "\n".join("    " + line for line in lines)
@@ -107,8 +116,8 @@ def signatures_table(plan: Any, flags: Any) -> str:
     out = ["SIGNATURES = {"]
     for kernel in KERNELS:
         out.append(f'    "{kernel}": {{')
-        out += ["        " + " ".join(f'"{n}": "{_type(k, plan)}",' for n, k, c in r.args if c is None or cond[c])
-                for r in KERNELS[kernel] if r.when is None or cond[r.when]]
+        out += ["        " + " ".join(f'"{n}": "{_type(k, plan)}",' for n, k in _args(r, cond))
+                for r in _taken(KERNELS[kernel], cond)]
         out.append("    },")
     out.append("}")
     return "\n".join(out)
