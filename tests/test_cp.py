@@ -113,8 +113,19 @@ def _inputs(offsets: list[int], H: int, K: int, seed: int) -> dict[str, Any]:
 def _spawn(tmp_path: Path, pkg: Any, world: int, data: dict[str, Any], segments: int | None = None,
            rwkv: bool = False, mode: str = "") -> list[dict[str, Any]]:
     torch.save(data, tmp_path / "inputs.pt")
-    mp.spawn(_worker, args=(world, _free_port(), str(pkg.dir), str(tmp_path), segments, rwkv, mode), nprocs=world,
-             join=True)
+    # a rank process that dies (not one that reports an error: those are results) is started again once, on a
+    # fresh port: the free port can be taken by another test process before the group binds it, and gloo can
+    # abort while tearing down a group whose peer already left
+    for attempt in (0, 1):
+        for r in range(world):
+            (tmp_path / f"rank{r}.pt").unlink(missing_ok=True)
+        try:
+            mp.spawn(_worker, args=(world, _free_port(), str(pkg.dir), str(tmp_path), segments, rwkv, mode),
+                     nprocs=world, join=True)
+            break
+        except mp.ProcessExitedException:
+            if attempt:
+                raise
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 
