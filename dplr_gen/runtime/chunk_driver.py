@@ -548,7 +548,7 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tenso
     name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
     args = {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "kwt": pr.kwt, "aqkt": pr.x5,
             "aakt": pr.x6, "do": do, "dht": dht, "dh": dh, "dh0": dh0, "dr": dr, "dv": dv, **_cu(cu_seqlens),
-            "scale": scale, "T": T, "H": H}
+            "scale": scale, "T": T, "H": H, "seg_first": 1}
     seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev, "segments_bwd")
     if seg is None:
         _launch(ks, name, (N * H, _cdiv(V, bv)), args)

@@ -760,16 +760,17 @@ def _reverse_pass(
 
 @triton.jit
 def chunk_dplr_seg_maps_bwd_kernel(
-    qwt, awt, egc, y, p, do, xs, seg_chunks, scale, T, H,
+    qwt, awt, egc, y, p, do, xs, seg_chunks, seg_first, scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    """What segment program_id(2) + 1 (seg_chunks chunks; every segment but a sequence's first) does to the dS
-    leaving it, walked backwards: an affine map dS -> P dS + L to the dS reaching its start, written as
-    xs[sequence * head, program_id(2)] = [L | P] [K, V + K] fp32; column blocks as in chunk_dplr_seg_maps_kernel
-    (L's from dS = 0 with dO, P's from dS = I with dO = 0)."""
+    """What segment program_id(2) + seg_first (seg_chunks chunks) does to the dS leaving it, walked backwards: an
+    affine map dS -> P dS + L to the dS reaching its start, written as xs[sequence * head, program_id(2)] = [L | P]
+    [K, V + K] fp32; column blocks as in chunk_dplr_seg_maps_kernel (L's from dS = 0 with dO, P's from dS = I with
+    dO = 0). The reverse pass needs every segment's but the first (seg_first = 1); context parallelism, the first's
+    too (seg_first = 0: the gradient reaching the sequence's start from its own outputs)."""
     i_nh = tl.program_id(0)
     i_b = tl.program_id(1)
-    i_s = tl.program_id(2) + 1
+    i_s = tl.program_id(2) + seg_first
     i_n = i_nh // H
     i_h = i_nh % H
     bos, L, slot0 = _sequence(i_n, T, BC)
@@ -791,7 +792,7 @@ def chunk_dplr_seg_maps_bwd_kernel(
         b_y, b_p, b_qwt, b_awt, b_eg = _reverse_operands(y, p, qwt, awt, egc, p_s, o_c, o_k, o_kc, o_cc, m_k, K, BC)
         dR = (scale * _dot(b_p, b_do) + _dot(b_y, dS.to(tl.bfloat16))).to(tl.bfloat16)
         dS = _previous_ds(dS, b_do, dR, b_qwt, b_awt, b_eg, scale)
-    tl.store(xs + (i_nh.to(tl.int64) * tl.num_programs(2) + i_s - 1) * K * (V + K) + o_k[:, None] * (V + K)
+    tl.store(xs + (i_nh.to(tl.int64) * tl.num_programs(2) + i_s - seg_first) * K * (V + K) + o_k[:, None] * (V + K)
              + o_x[None, :], dS, mask=m_k[:, None] & m_j[None, :])
 
 
@@ -1029,7 +1030,8 @@ for _name in ("chunk_dplr_seg_maps_kernel", "chunk_dplr_fwd_seg_kernel", "chunk_
 # the small-grid reverse pass over segments: the segments' maps (walked backwards), then the pass
 SIGNATURES["chunk_dplr_seg_maps_bwd_kernel"] = {
     "qwt": "*bf16", "awt": "*bf16", "egc": "*fp32", "y": "*bf16", "p": "*bf16",
-    "do": "*bf16", "xs": "*fp32", "seg_chunks": "i32", "scale": "fp32", "T": "i32", "H": "i32",
+    "do": "*bf16", "xs": "*fp32", "seg_chunks": "i32", "seg_first": "i32", "scale": "fp32", "T": "i32",
+    "H": "i32",
 }
 SIGNATURES["chunk_dplr_bwd_dh_seg_kernel"] = _with_segment_args(SIGNATURES["chunk_dplr_bwd_dh_kernel"], "dv")
 for _name in ("chunk_dplr_seg_maps_bwd_kernel", "chunk_dplr_bwd_dh_seg_kernel"):
