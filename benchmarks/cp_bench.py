@@ -10,7 +10,7 @@ w in --worlds (default 2, 4 where that many GPUs are visible; the group is ranks
     every input, --iters timed iterations (each after a barrier), the slowest rank's median; against one GPU (rank 0
     alone) running --tokens tokens; efficiency = one-GPU time / CP time (weak scaling). Also: every rank of the
     group running the one-GPU op at once (contention without communication), and the bytes each rank sends and
-    receives per call (counted at the exchange);
+    receives per call (counted at the exchange), and the forward alone (no grad) for both;
   * fla-core's CP on the same speed inputs where ``fla.ops.cp`` imports (its errors recorded otherwise).
 JSON to the path given.
 
@@ -137,6 +137,13 @@ def _step(op: Callable, x: dict[str, Any], do: torch.Tensor, **kw: Any) -> Calla
     return fn
 
 
+def _forward(op: Callable, x: dict[str, Any], **kw: Any) -> Callable[[], None]:
+    def fn() -> None:
+        with torch.no_grad():
+            op(*(x[n] for n in NAMES), scale=1.0, lower_bound=LOWER_BOUND, **kw)
+    return fn
+
+
 def speed(op: Callable, build: Callable, w: int, group: Any, rank: int, args: argparse.Namespace,
           dev: torch.device) -> dict[str, Any]:
     from dplr_gen import cp
@@ -170,15 +177,21 @@ def speed(op: Callable, build: Callable, w: int, group: Any, rank: int, args: ar
     finally:
         cp._all_gather = real
     res["cp_ms"] = _time(_step(op, x, gen_x["do"], cp_context=ctx), args.iters, group)
+    # the forward alone, to tell where the time beyond the one-GPU op goes
+    single_fwd = _time(_forward(op, x), args.iters, None) if rank == 0 else None
+    dist.barrier(group=group)
+    res["one_gpu_forward_ms"] = single_fwd
+    res["cp_forward_ms"] = _time(_forward(op, x, cp_context=ctx), args.iters, group)
     if rank == 0:
         res["efficiency"] = single / res["cp_ms"]
-    if args.fla:
-        res["fla"] = _fla_speed(x, gen_x["do"], w, group, rank, args, dev)
     return res
 
 
-def _fla_speed(x: dict[str, Any], do: torch.Tensor, w: int, group: Any, rank: int, args: argparse.Namespace,
-               dev: torch.device) -> dict[str, Any]:
+def fla_speed(w: int, group: Any, rank: int, args: argparse.Namespace, dev: torch.device) -> dict[str, Any]:
+    """fla-core's CP on the inputs ``speed`` times (the same seeds)."""
+    gen_x = _inputs(args.tokens, args.heads, args.dim, 1, torch.bfloat16, dev, seed=100 + rank)
+    x = {n: gen_x[n].requires_grad_(True) for n in NAMES}
+    do = gen_x["do"]
     out: dict[str, Any] = {}
     err = None
     try:
@@ -232,6 +245,10 @@ def main_rank(rank: int, world: int, args: argparse.Namespace) -> None:
             except Exception:  # noqa: BLE001 - recorded; the other ranks may then fail or wait
                 entry["error"] = traceback.format_exc()
         report["runs"][str(w)] = entry
+        if rank == 0:  # written before fla runs: its autotuning may outlast the time left
+            Path(args.out).write_text(json.dumps(report, indent=1))
+        if args.fla and rank < w and "error" not in entry:
+            entry["speed"]["fla"] = fla_speed(w, group, rank, args, dev)
         dist.barrier()
         torch.cuda.empty_cache()
     if rank == 0:

@@ -15,14 +15,17 @@ the gradient reaching the state leaving its slice (dS_out = P^T dS_out' + G), th
 rank's backward thus sees the true entering state and the true gradient of its leaving state, so every gradient
 is the single-process op's (the summaries only carry values between ranks; they need no gradient of their own).
 
-Schedule, per rank: before the forward's exchange, the map [L | P] of the sequence leaving the slice (its own
-chunk prep and the segmented state passes' map kernels over every segment; folded with its initial state where it
-starts here) and the whole op on the sequences that start and end here; after it, the passes of the entering and the
-leaving sequence (the leaving one reuses its prep and maps). Before the backward's exchange, the gradient map of the
-entering sequence (the reverse pass's segment maps, and one walk of its first segment) and the whole backward of the
-sequences inside; after it, the rest. No rank waits for another's full pass: the work on the critical path beyond
-the one-GPU op is the leaving sequence's map (one segment's walk where the op's rule splits the slice into
-segments, a whole walk otherwise), the entering sequence's first-segment reverse walk, and two all_gathers.
+Schedule, per rank (both exchanges start asynchronously; a rank queues what needs no other rank's values before it
+waits): forward, the map of the sequence leaving the slice (its prep and every segment's map, folded in fp32; from
+its own initial state where it starts here), the exchange starts, then the entering sequence's prep and maps, the
+sequences inside the slice and the leaving sequence's pass; once the summaries are in, the entering sequence's pass
+from the folded state. Backward, the gradient reaching the entering state (the backward prep, the states pass, and
+every segment's gradient map, the first's included, folded), the exchange starts, then the leaving sequence's prep,
+states and maps, the sequences inside and the rest of the entering sequence's backward; once the gradients are in,
+the leaving sequence's reverse and token passes. An exchange thus waits on another rank only for its
+state-independent work and small fp32 folds: beyond the one-GPU op, the critical path holds the maps of the last
+segment and of the first segment's gradient, the folds, and two all_gathers. Where the op's rule walks a slice in
+one segment, its map takes a walk of its own (the leaving sequence then just walks from its initial state).
 Requires the segment-map kernels in the dense variant of the inputs' dtype and head sizes (knobs
 chunk.fwd_small.segments and chunk.bwd_dh_small.segments; the hopper spec builds them for dense bf16). Bytes: each
 rank sends H K (V + K) 4 bytes in the forward and H K V 4 in the backward (plus a 96-byte descriptor per forward)
@@ -161,11 +164,24 @@ def build_cp_context(cu_seqlens: torch.Tensor, group: Any = None, cu_seqlens_cpu
 # the exchange
 
 
-def _all_gather(x: torch.Tensor, ctx: CPContext) -> torch.Tensor:
-    """[world_size, *x.shape]: every rank's x (the same shape and dtype on every rank)."""
-    out = [torch.empty_like(x) for _ in range(ctx.world_size)]
-    dist.all_gather(out, x.contiguous(), group=ctx.group)
-    return torch.stack(out)
+class _Gather:
+    """An all_gather under way; ``result()`` waits for it and returns [world_size, *x.shape]. Started before the
+    rank queues the work that needs no other rank's values, so that this work runs while the exchange waits for
+    slower ranks (on the GPU the wait only orders the current stream after the collective)."""
+
+    def __init__(self, x: torch.Tensor, ctx: CPContext) -> None:
+        self.x = x.contiguous()  # held until the collective is done
+        self.out = [torch.empty_like(self.x) for _ in range(ctx.world_size)]
+        self.work = dist.all_gather(self.out, self.x, group=ctx.group, async_op=True)
+
+    def result(self) -> torch.Tensor:
+        self.work.wait()
+        return torch.stack(self.out)
+
+
+def _all_gather(x: torch.Tensor, ctx: CPContext) -> _Gather:
+    """Start gathering every rank's x (the same shape and dtype on every rank)."""
+    return _Gather(x, ctx)
 
 
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -184,7 +200,7 @@ def _check_agreement(ctx: CPContext, info: Optional[dict[str, Any]], err: Option
     mine += [int(info is not None), int(err is None)]
     nccl = dist.get_backend(ctx.group) == "nccl"
     dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    rows = _all_gather(torch.tensor(mine, dtype=torch.int64, device=dev), ctx).tolist()
+    rows = _all_gather(torch.tensor(mine, dtype=torch.int64, device=dev), ctx).result().tolist()
     # a disagreement first (a refusal on one rank may follow from it), among the ranks whose calls were checked
     checked = [(r, row) for r, row in enumerate(rows) if row[-2]]
     for i, name in enumerate(_FIELDS):
@@ -253,121 +269,155 @@ def _need_maps(ks: Any, var: Any) -> None:
             "chunk.fwd_small: {segments: N} and chunk.bwd_dh_small: {segments: N} in the spec and rebuild")
 
 
-def _span_forward_maps(ks: Any, var: Any, x: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[int, int], torch.Tensor,
-                                                                                 torch.Tensor]:
-    """The forward prep, the segment plan, every segment's map xs [H, n_seg, K, V + K] and the slice's map [L | P]
-    [H, K, V + K] fp32 (the segments' maps folded in fp32)."""
-    q, k, v, a, b, g = x
-    _, T, H, K = q.shape
-    V = v.shape[-1]
-    pr = cd.chunk_prep(ks, var, q, k, a, b, g, None, cd._cdiv(T, var.chunk_size))
-    n_seg, per = _plan(ks, T, H, V, q.device, "segments")
-    bv = ks.constexprs(cd.SEG_MAPS)["BV"]
-    xs = cd._empty((H, n_seg, K, V + K), torch.float32, q.device)
-    cd._launch(ks, cd.SEG_MAPS, (H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg),
-               {"kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m, "xs": xs, "seg_chunks": per,
-                "T": T, "H": H})
+def _compose(xs: torch.Tensor, V: int) -> torch.Tensor:
+    """The map [L | P] [H, K, V + K] of consecutive segments with maps xs [H, n, K, V + K] (walking order): each
+    segment's P times the map so far, plus its L in the first V columns."""
     total = xs[:, 0]
-    for j in range(1, n_seg):
-        P = xs[:, j, :, V:]
-        total = torch.cat([P @ total[..., :V] + xs[:, j, :, :V], P @ total[..., V:]], -1)
-    return pr, (n_seg, per), xs, total
+    for j in range(1, xs.shape[1]):
+        nxt = xs[:, j, :, V:] @ total
+        nxt[..., :V] += xs[:, j, :, :V]
+        total = nxt
+    return total
 
 
-def _span_forward_pass(ks: Any, x: tuple[torch.Tensor, ...], pr: Any, seg: tuple[int, int], xs: torch.Tensor,
-                       h0: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """o and the final state from the state ``h0`` [1, H, K, V] entering the slice (the maps of all segments but the
-    last give each segment's entering state, as the op's own segmented pass does)."""
-    q, k, v, a, b, g = x
-    _, T, H, K = q.shape
-    V = v.shape[-1]
-    o = cd._empty(v.shape, v.dtype, q.device)
-    ht = cd._empty((1, H, K, V), torch.float32, q.device)
-    h, u = cd._stub(cd.boundary_dtype(q), q.device), cd._stub(v.dtype, q.device)  # no states kept: recomputed
-    args = {"qw": pr.x3, "kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m, "aqk": pr.x1,
-            "aqb": pr.x2, "o": o, "h0": h0, "h": h, "ht": ht, "u": u, "scale": float(scale), "store_states": 0,
-            "T": T, "H": H}
-    n_seg, per = seg
-    if n_seg == 1:
-        name, bv = cd._pass_kernel(ks, cd.FWD, H, V, q.device)
-        cd._launch(ks, name, (H, cd._cdiv(V, bv)), args)
-    else:
-        bv = ks.constexprs(cd.FWD_SEG)["BV"]
-        cd._launch(ks, cd.FWD_SEG, (H, cd._cdiv(V, bv), n_seg),
-                   {**args, "xs": xs[:, :-1].contiguous(), "seg_chunks": per})
-    return o, ht
+def _through_reverse(xs: torch.Tensor, dS: torch.Tensor, V: int) -> torch.Tensor:
+    """dS [H, K, V] carried backwards through segments whose gradient maps are xs [H, n, K, V + K] (sequence
+    order): the gradient reaching the first segment's start."""
+    for j in range(xs.shape[1] - 1, -1, -1):
+        dS = torch.baddbmm(xs[:, j, :, :V], xs[:, j, :, V:], dS)
+    return dS
 
 
-class _SpanBackward:
-    """The backward of the rows of one sequence entering this rank (dense), in two halves around the exchange:
-    ``entering_grad`` (the gradient reaching the entering state from these rows' outputs and the gradient leaving
-    them, where that is known before the exchange) and ``finish`` (with the gradient reaching the leaving state)."""
+class _Piece:
+    """The rows of one sequence that crosses a boundary of this rank (its dense variant), run in two halves around
+    each exchange. Forward: ``maps`` (the prep and the segments' maps: no state needed) before, ``walk`` (the
+    segmented pass from the entering state) after. Backward: ``grad_maps`` (the backward prep, the states pass,
+    the segments' gradient maps and, where asked, the gradient reaching the piece's start from its own outputs)
+    before, ``grad_walk`` (the reverse pass from the gradient reaching its end, then the token pass) after. So an
+    exchange waits on another rank only for that rank's state-independent work and a few fp32 folds."""
 
-    def __init__(self, ks: Any, var: Any, x: tuple[torch.Tensor, ...], h0: torch.Tensor, scale: float,
-                 do: torch.Tensor) -> None:
-        q, k, v, a, b, g = x
-        self.ks, self.var, self.do, self.scale = ks, var, do.contiguous(), scale
-        _, self.T, self.H, self.K = q.shape
-        self.V = v.shape[-1]
-        self.saved = cd.saved_for_backward(ks, var, q, k, v, a, b, g, h0, None, scale, None)
-        self.pr = cd.chunk_prep(ks, var, q, k, a, b, g, None, self.saved["n_slots"], for_bwd=True)
-        self.h, self.u = cd.chunk_states(ks, var, self.saved, self.pr)[:2]
+    def __init__(self, ks: Any, var: Any, x: tuple[torch.Tensor, ...], scale: float) -> None:
+        self.ks, self.var, self.x, self.scale = ks, var, x, scale
+        _, self.T, self.H, self.K = x[0].shape
+        self.V = x[2].shape[-1]
+        self.dev = x[0].device
 
-    def _reverse_args(self, pr: Any, do: torch.Tensor, dht: torch.Tensor, T: int, n_hslots: int
-                      ) -> tuple[dict[str, Any], tuple[torch.Tensor, ...]]:
-        dev = do.device
-        dh = cd._empty((n_hslots, self.H, self.K, self.V), cd.boundary_dtype(do), dev)
-        dh0 = cd._empty((1, self.H, self.K, self.V), torch.float32, dev)
-        dr = cd._empty((1, T, self.H, self.V), do.dtype, dev)
-        dv = cd._empty((1, T, self.H, self.V), do.dtype, dev)
-        args = {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "kwt": pr.kwt, "aqkt": pr.x5,
-                "aakt": pr.x6, "do": do, "dht": dht, "dh": dh, "dh0": dh0, "dr": dr, "dv": dv, "scale": self.scale,
-                "T": T, "H": self.H}
-        return args, (dh, dr, dh0, dv)
+    def segments(self, option: str = "segments") -> int:
+        return _plan(self.ks, self.T, self.H, self.V, self.dev, option)[0]
 
-    def entering_grad(self, d_end: torch.Tensor) -> torch.Tensor:
-        """dS [H, K, V] reaching the start of these rows with ``d_end`` [1, H, K, V] leaving them: the segments'
-        gradient maps (every segment but the first, kept for ``finish``), folded, then the first segment's reverse
-        walk from the folded dS."""
-        ks, pr, do, H, K, V, T = self.ks, self.pr, self.do, self.H, self.K, self.V, self.T
-        n_seg, per = self.seg = _plan(ks, T, H, V, do.device, "segments_bwd")
-        dS = d_end
+    def _map_launch(self, name: str, n: int, args: dict[str, Any]) -> torch.Tensor:
+        bv = self.ks.constexprs(name)["BV"]
+        xs = cd._empty((self.H, n, self.K, self.V + self.K), torch.float32, self.dev)
+        cd._launch(self.ks, name, (self.H, cd._cdiv(self.V, bv) + cd._cdiv(self.K, bv), n),
+                   {**args, "xs": xs, "T": self.T, "H": self.H})
+        return xs
+
+    # the forward
+
+    def maps(self, total: bool) -> Optional[torch.Tensor]:
+        """The forward prep and the maps the pass folds its segments' entering states from; with ``total`` every
+        segment's, and returns the piece's map [L | P] [H, K, V + K] fp32."""
+        q, k, v, a, b, g = self.x
+        self.pr = cd.chunk_prep(self.ks, self.var, q, k, a, b, g, None, cd._cdiv(self.T, self.var.chunk_size))
+        self.seg = _plan(self.ks, self.T, self.H, self.V, self.dev, "segments")
+        n = self.seg[0] if total else self.seg[0] - 1
         self.xs = None
-        if n_seg > 1:
-            bv = ks.constexprs(cd.SEG_MAPS_BWD)["BV"]
-            self.xs = cd._empty((H, n_seg - 1, K, V + K), torch.float32, do.device)
-            cd._launch(ks, cd.SEG_MAPS_BWD, (H, cd._cdiv(V, bv) + cd._cdiv(K, bv), n_seg - 1),
-                       {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "do": do, "xs": self.xs,
-                        "seg_chunks": per, "scale": self.scale, "T": T, "H": H})
-            for j in range(n_seg - 2, -1, -1):
-                dS = self.xs[None, :, j, :, V:] @ dS + self.xs[None, :, j, :, :V]
-        # the first segment's chunks as a sequence of their own (dense slots: chunk i of it is slot i)
-        T0 = min(T, per * self.var.chunk_size)
-        view = pr._replace(**{f: getattr(pr, f)[:per] for f in ("x1", "x2", "x3", "x4", "x5", "x6", "egc", "kwt")})
-        n_hslots = cd._cdiv(T0, cd.states_every(ks))
-        args, outs = self._reverse_args(view, do[:, :T0], dS.contiguous(), T0, n_hslots)
-        name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, do.device)
-        cd._launch(ks, name, (H, cd._cdiv(V, bv)), args)
-        return outs[2][0]
+        if n:
+            pr = self.pr
+            self.xs = self._map_launch(cd.SEG_MAPS, n, {"kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc,
+                                                        "w": pr.w, "m": pr.m, "seg_chunks": self.seg[1]})
+        return _compose(self.xs, self.V) if total else None
 
-    def finish(self, dht: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(dq, dk, dv, da, db, dgk) with ``dht`` [1, H, K, V] fp32 reaching the leaving state."""
-        ks, pr, do, H, V, T = self.ks, self.pr, self.do, self.H, self.V, self.T
-        steps = cd.state_step_operands(pr) if cd.derives_states(ks) else ()
-        pr = pr._replace(w=None, m=None, bwt=None)
-        self.pr = None
-        args, (dh, dr, _, dv) = self._reverse_args(pr, do, dht.contiguous(), T, self.saved["n_hslots"])
-        n_seg, per = self.seg
-        if n_seg == 1:
-            name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, do.device)
+    def walk(self, h0: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Writes o [1, T, H, V] (contiguous) from the state ``h0`` [1, H, K, V] fp32 entering the piece; returns the
+        final state [1, H, K, V] fp32."""
+        q, k, v, a, b, g = self.x
+        H, V, pr = self.H, self.V, self.pr
+        ht = cd._empty((1, H, self.K, V), torch.float32, self.dev)
+        h, u = cd._stub(cd.boundary_dtype(q), self.dev), cd._stub(v.dtype, self.dev)  # no states kept: recomputed
+        args = {"qw": pr.x3, "kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m,
+                "aqk": pr.x1, "aqb": pr.x2, "o": o, "h0": h0, "h": h, "ht": ht, "u": u, "scale": float(self.scale),
+                "store_states": 0, "T": self.T, "H": H}
+        n, per = self.seg
+        if n == 1:
+            name, bv = cd._pass_kernel(self.ks, cd.FWD, H, V, self.dev)
+            cd._launch(self.ks, name, (H, cd._cdiv(V, bv)), args)
+        else:
+            bv = self.ks.constexprs(cd.FWD_SEG)["BV"]
+            cd._launch(self.ks, cd.FWD_SEG, (H, cd._cdiv(V, bv), n),
+                       {**args, "xs": self.xs[:, :n - 1].contiguous(), "seg_chunks": per})
+        self.pr = self.xs = None
+        return ht
+
+    # the backward
+
+    def grad_maps(self, h0: torch.Tensor, do: torch.Tensor, d_end: Optional[torch.Tensor], start: bool
+                  ) -> Optional[torch.Tensor]:
+        """The backward's work before the exchange, from the state ``h0`` [1, H, K, V] entering the piece and its
+        rows' dO. With ``start``, returns the gradient [H, K, V] fp32 reaching the piece's start from its outputs
+        and ``d_end`` [1, H, K, V] (the gradient reaching its end; None: zero, the rest arrives with the exchange
+        and is carried by the forward's maps)."""
+        ks, var = self.ks, self.var
+        q, k, v, a, b, g = self.x
+        self.do = do.contiguous()
+        self.saved = cd.saved_for_backward(ks, var, q, k, v, a, b, g, h0, None, self.scale, None)
+        self.pr = cd.chunk_prep(ks, var, q, k, a, b, g, None, self.saved["n_slots"], for_bwd=True)
+        # the states pass beside the maps and the reverse pass, where the op runs it so
+        self.side = cd._side_stream(self.dev) if cd._overlap(ks, q, 1, self.V) else None
+        self.h, self.u, self.held = cd.chunk_states(ks, var, self.saved, self.pr, side=self.side)
+        self.seg = _plan(ks, self.T, self.H, self.V, self.dev, "segments_bwd")
+        n, per = self.seg
+        self.xs = self.done = None
+        if start and n == 1 and d_end is not None:  # the reverse pass itself ends in that gradient
+            self.done = self._reverse(d_end)
+            return self.done[2][0]
+        first = 0 if start else 1  # the pass needs every segment's map but the first's
+        if n - first:
+            pr = self.pr
+            xs = self._map_launch(cd.SEG_MAPS_BWD, n - first, {
+                "qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "do": self.do,
+                "seg_chunks": per, "seg_first": first, "scale": self.scale})
+            self.xs = xs[:, 1 - first:]
+        if not start:
+            return None
+        dS = d_end[0] if d_end is not None else torch.zeros((self.H, self.K, self.V), dtype=torch.float32,
+                                                              device=self.dev)
+        return _through_reverse(xs, dS, self.V)
+
+    def _reverse(self, dht: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The reverse pass from ``dht`` [1, H, K, V] fp32: (dh, dr, dh0, dv)."""
+        ks, H, K, V, T, dev = self.ks, self.H, self.K, self.V, self.T, self.dev
+        pr = self.pr
+        dh = cd._empty((self.saved["n_hslots"], H, K, V), cd.boundary_dtype(self.do), dev)
+        dh0 = cd._empty((1, H, K, V), torch.float32, dev)
+        dr = cd._empty((1, T, H, V), self.do.dtype, dev)
+        dv = cd._empty((1, T, H, V), self.do.dtype, dev)
+        args = {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "kwt": pr.kwt, "aqkt": pr.x5,
+                "aakt": pr.x6, "do": self.do, "dht": dht.contiguous(), "dh": dh, "dh0": dh0, "dr": dr, "dv": dv,
+                "scale": self.scale, "T": T, "H": H}
+        n, per = self.seg
+        if n == 1:
+            name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, dev)
             cd._launch(ks, name, (H, cd._cdiv(V, bv)), args)
         else:
             bv = ks.constexprs(cd.BWD_DH_SEG)["BV"]
-            cd._launch(ks, cd.BWD_DH_SEG, (H, cd._cdiv(V, bv), n_seg), {**args, "xs": self.xs, "seg_chunks": per})
-        del pr
-        dq, dk, da, db, dg = cd.chunk_dplr_bwd_tokens(ks, self.var, self.saved, self.h, self.u, do, dh, dr,
+            cd._launch(ks, cd.BWD_DH_SEG, (H, cd._cdiv(V, bv), n),
+                       {**args, "xs": self.xs.contiguous(), "seg_chunks": per})
+        return dh, dr, dh0, dv
+
+    def grad_walk(self, dht: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The rest, with ``dht`` [1, H, K, V] fp32 reaching the piece's end (unused where ``grad_maps`` ran the
+        reverse pass): (dq, dk, dv, da, db, dgk, d(entering state) [1, H, K, V])."""
+        steps = cd.state_step_operands(self.pr) if cd.derives_states(self.ks) else ()
+        dh, dr, dh0, dv = self.done or self._reverse(dht)
+        self.pr = self.xs = self.done = None
+        if self.side is not None:  # the token pass reads the states pass's h and U
+            torch.cuda.current_stream(self.dev).wait_stream(self.side)
+        self.held = None  # only now: later uses of their memory on the current stream follow the side stream
+        dq, dk, da, db, dg = cd.chunk_dplr_bwd_tokens(self.ks, self.var, self.saved, self.h, self.u, self.do, dh, dr,
                                                       dk_over_dr=True, dq_over_u=True, steps=steps)
-        return dq, dk, dv, da, db, dg
+        self.h = self.u = self.saved = None
+        return dq, dk, dv, da, db, dg, dh0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -420,9 +470,11 @@ def _rows(x: tuple[torch.Tensor, ...], lo: int, hi: int) -> tuple[torch.Tensor, 
 
 
 class _CPChunk(torch.autograd.Function):
-    """The op on a rank's slice: the leaving sequence's map and the mids' forward before the exchange, the
-    entering and leaving sequences' passes after it; in the backward the entering sequence's gradient map and the
-    mids' backward before it, the rest after."""
+    """The op on a rank's slice. Forward: the map of the sequence leaving the slice, then the exchange starts;
+    meanwhile the entering sequence's prep and maps, the sequences inside, the leaving sequence's pass; then the
+    entering sequence's pass from the folded state. Backward mirrored: the gradient reaching the entering state,
+    the exchange starts; meanwhile the leaving sequence's prep, states and maps, the sequences inside, the rest of
+    the entering sequence's backward; then the leaving sequence's backward from the folded gradient."""
 
     @staticmethod
     def forward(fctx: Any, call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
@@ -439,14 +491,27 @@ class _CPChunk(torch.autograd.Function):
         if call.dense is not None:
             ks, var = ops._kernels(call.pkg, call.dense, dev)
             xd = (q, k, v, a, b, g.to(ops.TORCH_DTYPES[var.gate_dtype]))
-        leaving = None
-        if lay.span or lay.leave_id is not None:  # the map of the leaving sequence's part here
-            leaving = _rows(xd, lay.leave_lo if not lay.span else 0, T)
-            pr, seg, xs, total = _span_forward_maps(ks, var, leaving)
-            if lay.span:
-                summary = total
-            else:  # the state it leaves with, from its own initial state: P = 0 restarts the fold here
-                summary[:, :, :V] = total[..., V:] @ h0[lay.leave_id] + total[..., :V]
+        enter = leave = None
+        leave_start = None
+        # what the next ranks wait for: the map of the sequence leaving this slice
+        if lay.span:
+            enter = _Piece(ks, var, xd, call.scale)
+            summary = enter.maps(total=True)
+        elif lay.leave_id is not None:
+            leave = _Piece(ks, var, _rows(xd, lay.leave_lo, T), call.scale)
+            leave_start = h0[lay.leave_id][None].contiguous()
+            if leave.segments() == 1:  # one walk from its known initial state gives the state it leaves with
+                leave.maps(total=False)
+                summary[:, :, :V] = leave.walk(leave_start, o[:, lay.leave_lo:])[0]
+                leave = None
+            else:  # P = 0 restarts the fold here
+                total = leave.maps(total=True)
+                summary[:, :, :V] = torch.baddbmm(total[..., :V], total[..., V:], leave_start[0])
+        gather = _all_gather(summary, ctx)
+        # what needs no other rank's summary
+        if lay.enter and not lay.span:
+            enter = _Piece(ks, var, _rows(xd, 0, lay.enter), call.scale)
+            enter.maps(total=False)
         if lay.mids:
             cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
             gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
@@ -455,17 +520,16 @@ class _CPChunk(torch.autograd.Function):
             o[:, lay.mid_lo:lay.mid_hi], ht[ids] = ops._chunk_fwd_run(
                 call.pkg, call.mids, *xm, h0[ids].contiguous(), cu, call.scale, False,
                 offsets=offs if cu is not None else None)[:2]
-        summaries = _all_gather(summary, ctx)
+        if leave is not None:
+            leave.walk(leave_start, o[:, lay.leave_lo:])
+        summaries = gather.result()
         E = None
         if lay.enter:
             E = _fold_forward(summaries, ctx, V)[None].contiguous()
+            end = T if lay.span else lay.enter
+            hte = enter.walk(E, o[:, :end])
             if not lay.span:
-                o[:, :lay.enter], hte = ops._chunk_fwd_run(call.pkg, call.dense, *_rows(xd, 0, lay.enter), E, None,
-                                                           call.scale, False)[:2]
                 ht[ctx.pieces[0][0]] = hte[0]
-        if leaving is not None:
-            start = E if lay.span else h0[lay.leave_id][None].contiguous()
-            o[:, T - leaving[0].shape[1]:] = _span_forward_pass(ks, leaving, pr, seg, xs, start, call.scale)[0]
         call.summaries = summaries
         fctx.call, fctx.E = call, E
         fctx.save_for_backward(q, k, v, a, b, g, h0)
@@ -483,25 +547,25 @@ class _CPChunk(torch.autograd.Function):
         dev = q.device
         do = do.contiguous()
         dht = dht.to(torch.float32)
-        grads = [cd._empty(t.shape, t.dtype, dev) for t in (q, k, v, a, b, g)]
         dh0 = torch.zeros_like(h0)
-
-        def put(part: tuple[torch.Tensor, ...], lo: int, hi: int) -> None:
-            for dst, src in zip(grads, part):
-                dst[:, lo:hi] = src
-
+        parts: list[tuple[tuple[torch.Tensor, ...], int, int]] = []
         if call.dense is not None:
             ks, var = ops._kernels(call.pkg, call.dense, dev)
             xd = (q, k, v, a, b, g.to(ops.TORCH_DTYPES[var.gate_dtype]))
-        # before the exchange: the gradient reaching the entering state from this slice's own outputs (and, where
-        # the entering sequence ends here, from its final state's gradient), and the mids' whole backward
+        # what the previous ranks wait for: the gradient reaching the entering state from this slice's outputs
+        # (and, where the entering sequence ends here, from its final state's gradient)
         G = torch.zeros((H, K, V), dtype=torch.float32, device=dev)
+        enter = leave = None
         if lay.enter:
-            end = lay.enter if not lay.span else T
-            sb = _SpanBackward(ks, var, _rows(xd, 0, end), fctx.E, call.scale, do[:, :end])
-            d_end = (torch.zeros((1, H, K, V), dtype=torch.float32, device=dev) if lay.span
-                     else dht[ctx.pieces[0][0]][None].contiguous())
-            G = sb.entering_grad(d_end)
+            end = T if lay.span else lay.enter
+            enter = _Piece(ks, var, _rows(xd, 0, end), call.scale)
+            d_end = None if lay.span else dht[ctx.pieces[0][0]][None].contiguous()
+            G = enter.grad_maps(fctx.E, do[:, :end], d_end, start=True)
+        gather = _all_gather(G, ctx)
+        # what needs no other rank's gradient
+        if lay.leave_id is not None:
+            leave = _Piece(ks, var, _rows(xd, lay.leave_lo, T), call.scale)
+            leave.grad_maps(h0[lay.leave_id][None].contiguous(), do[:, lay.leave_lo:], None, start=False)
         if lay.mids:
             cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
             gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
@@ -510,19 +574,34 @@ class _CPChunk(torch.autograd.Function):
                 call.pkg, call.mids, *_rows((q, k, v, a, b, gm), lay.mid_lo, lay.mid_hi), h0[ids].contiguous(), cu,
                 call.scale, do[:, lay.mid_lo:lay.mid_hi], dht[ids].contiguous(), None, None,
                 offsets=offs if cu is not None else None)
-            put(part, lay.mid_lo, lay.mid_hi)
-        grads_in = _all_gather(G, ctx)
-        dS = _fold_backward(grads_in, call.summaries, ctx, V)[None].contiguous() if ctx.leaves[ctx.rank] else None
-        if lay.enter:
-            put(sb.finish(dS if lay.span else d_end), 0, end)
-        if lay.leave_id is not None:
-            i = lay.leave_id
-            *part, dh0_i = ops._chunk_bwd_run(call.pkg, call.dense, *_rows(xd, lay.leave_lo, T), h0[i][None].contiguous(),
-                                              None, call.scale, do[:, lay.leave_lo:], dS, None, None)
-            dh0[i] = dh0_i[0]
-            put(part, lay.leave_lo, T)
-        return (None, *(t.to(ref.dtype) if t.dtype != ref.dtype else t for t, ref in zip(grads, (q, k, v, a, b, g))),
-                dh0)
+            parts.append((tuple(part), lay.mid_lo, lay.mid_hi))
+        if lay.enter and not lay.span:
+            parts.append((enter.grad_walk(d_end)[:6], 0, end))
+        grads_in = gather.result()
+        if ctx.leaves[ctx.rank]:
+            dS = _fold_backward(grads_in, call.summaries, ctx, V)[None].contiguous()
+            if lay.span:
+                parts.append((enter.grad_walk(dS)[:6], 0, T))
+            else:
+                *part, dh0_i = leave.grad_walk(dS)
+                dh0[lay.leave_id] = dh0_i[0]
+                parts.append((tuple(part), lay.leave_lo, T))
+        return (None, *_assemble(parts, (q, k, v, a, b, g)), dh0)
+
+
+def _assemble(parts: list[tuple[tuple[torch.Tensor, ...], int, int]], inputs: tuple[torch.Tensor, ...]
+              ) -> tuple[torch.Tensor, ...]:
+    """The gradients of ``inputs`` [1, T, ...] from the parts computed for their rows [lo, hi): one part covering
+    every row is returned as it is (no copy)."""
+    T = inputs[0].shape[1]
+    if len(parts) == 1 and parts[0][1:] == (0, T):
+        grads = parts[0][0]
+    else:
+        grads = tuple(cd._empty(t.shape, t.dtype, t.device) for t in inputs)
+        for part, lo, hi in parts:
+            for dst, src in zip(grads, part):
+                dst[:, lo:hi] = src
+    return tuple(t.to(ref.dtype) if t.dtype != ref.dtype else t for t, ref in zip(grads, inputs))
 
 
 def _local_cu(lo: int, hi: int, ctx: CPContext, device: torch.device) -> tuple[Optional[torch.Tensor], list[int]]:

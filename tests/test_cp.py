@@ -171,9 +171,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case, segments, rwkv", [
-    ("dense-2", None, False),
+    ("dense-2", None, False),  # one segment: rank 0 walks to its final state, rank 1's reverse pass gives dS
+    ("dense-2", 3, True),      # 3 segments: the maps, every segment's gradient map on rank 1 included
     ("varlen-2", None, True),
-], ids=["dense-2", "varlen-2-rwkv7"])
+], ids=["dense-2", "dense-2-seg3-rwkv7", "varlen-2-rwkv7"])
 def test_two_ranks(pkg, tmp_path: Path, case: str, segments: int | None, rwkv: bool) -> None:
     world, offsets = CASES[case]
     data = _inputs(offsets, 2, 16, seed=len(offsets) + world)
