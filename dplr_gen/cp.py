@@ -17,12 +17,13 @@ is the single-process op's (the summaries only carry values between ranks; they 
 
 Schedule, per rank (both exchanges start asynchronously; a rank queues what needs no other rank's values before it
 waits): forward, the map of the sequence leaving the slice (its prep and every segment's map, folded in fp32; from
-its own initial state where it starts here), the exchange starts, then the entering sequence's prep and maps, the
+its own initial state where it starts here) and the entering sequence's prep and maps; the exchange starts; the
 sequences inside the slice and the leaving sequence's pass; once the summaries are in, the entering sequence's pass
 from the folded state. Backward, the gradient reaching the entering state (the backward prep, the states pass, and
-every segment's gradient map, the first's included, folded), the exchange starts, then the leaving sequence's prep,
-states and maps, the sequences inside and the rest of the entering sequence's backward; once the gradients are in,
-the leaving sequence's reverse and token passes. An exchange thus waits on another rank only for its
+every segment's gradient map, the first's included, folded) and the leaving sequence's prep, states and maps; the
+exchange starts; the sequences inside and the rest of the entering sequence's backward; once the gradients are
+in, the leaving sequence's reverse and token passes. (An exchange started earlier cost more: the collective's
+kernel holds SMs from its launch until every rank has joined.) An exchange thus waits on another rank only for its
 state-independent work and small fp32 folds: beyond the one-GPU op, the critical path holds the maps of the last
 segment and of the first segment's gradient, the folds, and two all_gathers. Where the op's rule walks a slice in
 one segment, its map takes a walk of its own (the leaving sequence then just walks from its initial state).
@@ -470,11 +471,11 @@ def _rows(x: tuple[torch.Tensor, ...], lo: int, hi: int) -> tuple[torch.Tensor, 
 
 
 class _CPChunk(torch.autograd.Function):
-    """The op on a rank's slice. Forward: the map of the sequence leaving the slice, then the exchange starts;
-    meanwhile the entering sequence's prep and maps, the sequences inside, the leaving sequence's pass; then the
-    entering sequence's pass from the folded state. Backward mirrored: the gradient reaching the entering state,
-    the exchange starts; meanwhile the leaving sequence's prep, states and maps, the sequences inside, the rest of
-    the entering sequence's backward; then the leaving sequence's backward from the folded gradient."""
+    """The op on a rank's slice. Forward: the map of the sequence leaving the slice and the entering sequence's
+    prep and maps, then the exchange starts; meanwhile the sequences inside and the leaving sequence's pass; then
+    the entering sequence's pass from the folded state. Backward mirrored: the gradient reaching the entering state
+    and the leaving sequence's prep, states and maps, then the exchange starts; meanwhile the sequences inside and
+    the rest of the entering sequence's backward; then the leaving sequence's backward from the folded gradient."""
 
     @staticmethod
     def forward(fctx: Any, call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
@@ -507,11 +508,13 @@ class _CPChunk(torch.autograd.Function):
             else:  # P = 0 restarts the fold here
                 total = leave.maps(total=True)
                 summary[:, :, :V] = torch.baddbmm(total[..., :V], total[..., V:], leave_start[0])
-        gather = _all_gather(summary, ctx)
-        # what needs no other rank's summary
         if lay.enter and not lay.span:
             enter = _Piece(ks, var, _rows(xd, 0, lay.enter), call.scale)
             enter.maps(total=False)
+        # started only after this rank's own maps: the collective's kernel occupies SMs from its launch until every
+        # rank has joined, which would slow the maps it ran beside
+        gather = _all_gather(summary, ctx)
+        # what needs no other rank's summary
         if lay.mids:
             cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
             gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
@@ -561,11 +564,11 @@ class _CPChunk(torch.autograd.Function):
             enter = _Piece(ks, var, _rows(xd, 0, end), call.scale)
             d_end = None if lay.span else dht[ctx.pieces[0][0]][None].contiguous()
             G = enter.grad_maps(fctx.E, do[:, :end], d_end, start=True)
-        gather = _all_gather(G, ctx)
-        # what needs no other rank's gradient
         if lay.leave_id is not None:
             leave = _Piece(ks, var, _rows(xd, lay.leave_lo, T), call.scale)
             leave.grad_maps(h0[lay.leave_id][None].contiguous(), do[:, lay.leave_lo:], None, start=False)
+        gather = _all_gather(G, ctx)  # after this rank's own maps, as in the forward
+        # what needs no other rank's gradient
         if lay.mids:
             cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
             gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
