@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.version import Version
 
+from dplr_gen.plan.variants import BuildUnit, build_units
+from dplr_gen.render.render import render_unit
+from dplr_gen.spec.models import load_spec
 from dplr_gen.toolchain import build as b
+from dplr_gen.toolchain.compile import import_source
 from dplr_gen.reference import naive_dplr_delta_rule
 from dplr_gen.runtime.loader import SpecPackage, package_at
 from dplr_gen.testing import rel_err
@@ -20,6 +26,26 @@ def render_package(tmp_root: Path, spec_text: str, name: str) -> SpecPackage:
     p = b.plan(spec, tmp_root)
     b.write_package(p)
     return package_at(p.out_dir)
+
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+def spec_units(spec: str) -> list[BuildUnit]:
+    """The build units of specs/<spec> for Triton 3.6.0."""
+    units, _ = build_units(load_spec(SPECS / spec), Version("3.6.0"))
+    return units
+
+
+def rendered_module(unit: BuildUnit, folder: Path) -> dict[str, Any]:
+    """A unit's rendered module's names, imported from a file (Gluon kernels read their source file)."""
+    path = folder / f"{unit.name}.py"
+    path.write_text(render_unit(unit))
+    name = f"_rendered_test_{unit.name}"
+    try:
+        return dict(vars(import_source(path, name)))
+    finally:
+        sys.modules.pop(name, None)
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

@@ -4,37 +4,15 @@ the rendered tables the driver launches from carry its values."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from packaging.version import Version
 
-from dplr_gen.plan.chunk_kernels import KERNELS, arguments, conditions
+from dplr_gen.plan.chunk_kernels import arguments, conditions, kernels
 from dplr_gen.plan.chunk_plan import chunk_plan
-from dplr_gen.plan.variants import build_units
-from dplr_gen.render.render import render_unit
-from dplr_gen.spec.models import load_spec
-from dplr_gen.toolchain.compile import import_source
 
-SPECS = Path(__file__).resolve().parent.parent / "specs"
-
-
-def _units(spec: str):
-    units, _ = build_units(load_spec(SPECS / spec), Version("3.6.0"))
-    return units
-
-
-def _rendered(unit, folder: Path) -> dict:
-    """The rendered module's names, imported from a file (Gluon kernels read their source file)."""
-    path = folder / f"{unit.name}.py"
-    path.write_text(render_unit(unit))
-    name = f"_chunk_plan_test_{unit.name}"
-    try:
-        return dict(vars(import_source(path, name)))
-    finally:
-        sys.modules.pop(name, None)
+from .helpers import rendered_module as _rendered, spec_units as _units
 
 
 @pytest.mark.parametrize("spec", ["hopper.yaml", "ada.yaml"])
@@ -102,14 +80,37 @@ def test_only_chunk_units_have_a_chunk_plan() -> None:
 @pytest.mark.parametrize("spec", ["hopper.yaml", "ampere.yaml"])
 def test_kernels_take_the_declared_arguments(spec: str, tmp_path: Path) -> None:
     """Each chunk kernel's def (the Gluon token pass's too, written by hand), its SIGNATURES entry and the
-    declaration (plan/chunk_kernels.py) name the same run-time arguments in the same order."""
+    declaration (plan/chunk_kernels.py, the segmented passes' too) name the same run-time arguments in the same
+    order; SIGNATURES holds the declared kernels in the declared order, besides the small-grid copies."""
     seen = set()
     for u in (u for u in _units(spec) if u.variant.op == "chunk"):
         plan, flags, ns = chunk_plan(u), SimpleNamespace(**u.flags), _rendered(u, tmp_path)
-        for kernel in KERNELS:
+        names = kernels(plan, flags)
+        assert [k for k in ns["SIGNATURES"] if "_small_" not in k] == names, u.name
+        for kernel in names:
             declared = arguments(kernel, plan, flags)
-            assert ns["SIGNATURES"][kernel] == declared, (u.name, kernel)
+            assert list(ns["SIGNATURES"][kernel].items()) == list(declared.items()), (u.name, kernel)
             params = list(ns[kernel].arg_names)
             assert params == list(declared) + list(ns["CONSTEXPRS"][kernel]), (u.name, kernel, params)
         seen |= {k for k, on in conditions(plan, flags).items() if on}
-    assert seen == {"clamp", "varlen", "derive", "gluon"} if spec == "hopper.yaml" else seen >= {"clamp", "varlen"}
+    if spec == "hopper.yaml":
+        assert seen == {"clamp", "varlen", "derive", "gluon", "segments", "segments_bwd"}
+    else:
+        assert seen >= {"clamp", "varlen"}
+
+
+def test_segment_passes_take_the_whole_pass_arguments_and_the_maps() -> None:
+    """A pass over segments takes its whole pass's arguments with the maps xs and seg_chunks after u (forward)
+    or dv (reverse); the reverse maps' kernel takes seg_first right after seg_chunks."""
+    u = next(u for u in _units("hopper.yaml") if u.variant.op == "chunk" and chunk_plan(u).segments_bwd)
+    plan, flags = chunk_plan(u), SimpleNamespace(**u.flags)
+    for whole, seg, after in (("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_seg_kernel", "u"),
+                              ("chunk_dplr_fwd_h_kernel", "chunk_dplr_fwd_h_seg_kernel", "u"),
+                              ("chunk_dplr_bwd_dh_kernel", "chunk_dplr_bwd_dh_seg_kernel", "dv")):
+        names = list(arguments(whole, plan, flags))
+        i = names.index(after) + 1
+        assert list(arguments(seg, plan, flags)) == names[:i] + ["xs", "seg_chunks"] + names[i:], seg
+    maps_bwd = list(arguments("chunk_dplr_seg_maps_bwd_kernel", plan, flags))
+    assert maps_bwd[maps_bwd.index("seg_chunks") + 1] == "seg_first"
+    with pytest.raises(KeyError, match="no declared chunk kernel"):
+        arguments("chunk_dplr_nope_kernel", plan, flags)

@@ -1,48 +1,25 @@
 """The run-time arguments of the chunk kernels, declared once: names, order, types and the variants that take them.
 
-The template renders each kernel's parameter lines (``kernel_params``) and its SIGNATURES table
-(``signatures_table``, what the ahead-of-time compile and the loader read) from these rows. A row is one line of
-the SIGNATURES table; the kernel's ``def`` puts the unconditional rows before the first conditional one on its first
-line, each row marked ``own_line`` on a line of its own, and the rest on its last line.
+The chunk template renders each kernel's parameter lines (``kernel_params``) and its SIGNATURES entry
+(``signatures_table``, ``segment_signatures``) from these rows (layout rules: plan/kernel_args.py); the driver
+launches by these names in this order (runtime/chunk_driver._launch reads them back from SIGNATURES).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-# argument kinds -> signature types: "io" a tensor of the input dtype, "gate" of the gate dtype, "states" of the
-# chunk-boundary states' dtype (ChunkPlan.states_type); the rest as written
-_POINTER_OF = {"io": "io_type", "gate": "gate_type", "states": "states_type"}
-
-
-@dataclass(frozen=True)
-class Row:
-    """Arguments (name, kind, condition) on one SIGNATURES line, the row taken where condition ``when`` holds
-    (None: always), each argument where its own does."""
-
-    args: tuple[tuple[str, str, str | None], ...]
-    when: str | None = None  # "clamp", "varlen", "derive" or "gluon" (Conditions)
-    own_line: bool = False  # in the def, a line of its own (else inline in the def's last line)
-
-
-def _row(spec: str, when: str | None = None, own_line: bool = False) -> Row:
-    """A row from "name:kind name:kind@condition ..."."""
-    args = []
-    for arg in spec.split():
-        name, _, kind = arg.partition(":")
-        kind, _, cond = kind.partition("@")
-        args.append((name, kind, cond or None))
-    return Row(tuple(args), when, own_line)
-
+from .kernel_args import Rows, arguments as _arguments, def_params, row as _row, signature_lines
+from .kernel_args import signatures_table as _table
 
 PROMISE = _row("kept:*i32 lower_bound:fp32", "clamp")  # the caller's lower_bound promise (runtime/gate_check.py)
 CU = _row("cu_seqlens:*i32", "varlen")
 CU_MAP = _row("cu_seqlens:*i32 chunk_map:*i32", "varlen")
 TH = _row("T:i32 H:i32")
+# what a state pass over segments takes besides the whole pass's arguments: the segment maps and chunks a segment
+SEGMENT_ARGS = _row("xs:*fp32 seg_chunks:i32")
 
-KERNELS: dict[str, tuple[Row, ...]] = {
+KERNELS: dict[str, Rows] = {
     "chunk_dplr_prep_kernel": (
         _row("q:io k:io a:io b:io gk:gate"), _row("w:io m:io bwt:io kwt:io egc:*fp32"), _row("aqk:io aqb:io qw:io"),
         PROMISE, CU_MAP, TH),
@@ -68,56 +45,73 @@ KERNELS: dict[str, tuple[Row, ...]] = {
 }
 
 
+def _with_segments(kernel: str, after: str) -> Rows:
+    """``kernel``'s rows with SEGMENT_ARGS after the row ending in its argument ``after``: its pass over segments."""
+    rows = KERNELS[kernel]
+    i = next(i for i, r in enumerate(rows) if r.args[-1][0] == after)
+    return (*rows[:i + 1], SEGMENT_ARGS, *rows[i + 1:])
+
+
+# the small-grid state passes over segments (dense variants only) and the kernels writing the segments' maps,
+# each with the condition under which a unit has it: the forward's and the states-only pass ("segments"), the
+# reverse pass ("segments_bwd")
+SEGMENT_KERNELS: dict[str, tuple[str, Rows]] = {
+    "chunk_dplr_seg_maps_kernel": (
+        "segments", (_row("kwt:io v:io bwt:io egc:*fp32 w:io m:io"), _row("xs:*fp32 seg_chunks:i32 T:i32 H:i32"))),
+    "chunk_dplr_fwd_seg_kernel": ("segments", _with_segments("chunk_dplr_fwd_kernel", "u")),
+    "chunk_dplr_fwd_h_seg_kernel": ("segments", _with_segments("chunk_dplr_fwd_h_kernel", "u")),
+    # seg_first: the first segment whose map is written (the reverse pass needs every one but segment 0's)
+    "chunk_dplr_seg_maps_bwd_kernel": (
+        "segments_bwd", (_row("qwt:io awt:io egc:*fp32 y:io p:io"),
+                         _row("do:io xs:*fp32 seg_chunks:i32 seg_first:i32 scale:fp32 T:i32 H:i32"))),
+    "chunk_dplr_bwd_dh_seg_kernel": ("segments_bwd", _with_segments("chunk_dplr_bwd_dh_kernel", "dv")),
+}
+
+
 def conditions(plan: Any, flags: Any) -> dict[str, bool]:
-    """Which conditional rows a unit's kernels take (its ChunkPlan and flags)."""
+    """Which conditional rows and kernels a unit takes (its ChunkPlan and flags)."""
     return {"clamp": plan.clamp, "varlen": bool(plan.cu_args), "derive": plan.derive_states,
-            "gluon": bool(flags.gluon_token_pass)}
+            "gluon": bool(flags.gluon_token_pass), "segments": plan.segments > 0,
+            "segments_bwd": plan.segments_bwd > 0}
 
 
-def _taken(rows: tuple[Row, ...], cond: Mapping[str, bool]) -> list[Row]:
-    """The rows a unit takes."""
-    return [r for r in rows if r.when is None or cond[r.when]]
+def _rows(kernel: str) -> Rows:
+    if kernel in KERNELS:
+        return KERNELS[kernel]
+    if kernel in SEGMENT_KERNELS:
+        return SEGMENT_KERNELS[kernel][1]
+    raise KeyError(f"{kernel!r} is no declared chunk kernel; declared: {sorted([*KERNELS, *SEGMENT_KERNELS])}")
 
 
-def _args(row: Row, cond: Mapping[str, bool]) -> list[tuple[str, str]]:
-    """(name, kind) of the arguments of ``row`` a unit takes."""
-    return [(n, k) for n, k, c in row.args if c is None or cond[c]]
-
-
-def _names(row: Row, cond: Mapping[str, bool]) -> list[str]:
-    return [n for n, _ in _args(row, cond)]
+def kernels(plan: Any, flags: Any) -> list[str]:
+    """Every kernel a unit has, in its SIGNATURES order (the segmented ones after the small-grid copies)."""
+    cond = conditions(plan, flags)
+    return [*KERNELS, *(k for k, (when, _) in SEGMENT_KERNELS.items() if cond[when])]
 
 
 def arguments(kernel: str, plan: Any, flags: Any) -> dict[str, str]:
     """``kernel``'s run-time arguments in order, name -> signature type, for a unit (its ChunkPlan and flags)."""
-    cond = conditions(plan, flags)
-    return {n: _type(k, plan) for r in _taken(KERNELS[kernel], cond) for n, k in _args(r, cond)}
-
-
-def _type(kind: str, plan: Any) -> str:
-    return f"*{getattr(plan, _POINTER_OF[kind])}" if kind in _POINTER_OF else kind
+    return _arguments(_rows(kernel), conditions(plan, flags), plan)
 
 
 def kernel_params(kernel: str, plan: Any, flags: Any) -> str:
     """The run-time parameter lines of ``kernel``'s def (4-space indented, no final newline)."""
-    cond = conditions(plan, flags)
-    rows = KERNELS[kernel]
-    first = next(i for i, r in enumerate(rows) if r.when is not None)
-    lines = [", ".join(n for r in rows[:first] for n in _names(r, cond)) + ","]
-    rest = _taken(rows[first:], cond)
-    lines += [", ".join(_names(r, cond)) + "," for r in rest if r.own_line]
-    lines.append(" ".join(n + "," for r in rest if not r.own_line for n in _names(r, cond)))
-    return "\n".join("    " + line for line in lines)
+    return def_params(_rows(kernel), conditions(plan, flags))
 
 
 def signatures_table(plan: Any, flags: Any) -> str:
-    """The SIGNATURES table of a unit's kernels (no final newline)."""
+    """The SIGNATURES table of a unit's kernels but the segmented ones (no final newline)."""
+    return _table(KERNELS, KERNELS, conditions(plan, flags), plan)
+
+
+def segment_signatures(when: str, plan: Any, flags: Any) -> str:
+    """The SIGNATURES entries of the segmented kernels under condition ``when``, as statements adding them to the
+    table (no final newline)."""
+    if when not in {w for w, _ in SEGMENT_KERNELS.values()}:
+        raise ValueError(f"segment_signatures: condition {when!r}; valid: 'segments', 'segments_bwd'")
     cond = conditions(plan, flags)
-    out = ["SIGNATURES = {"]
-    for kernel in KERNELS:
-        out.append(f'    "{kernel}": {{')
-        out += ["        " + " ".join(f'"{n}": "{_type(k, plan)}",' for n, k in _args(r, cond))
-                for r in _taken(KERNELS[kernel], cond)]
-        out.append("    },")
-    out.append("}")
+    out = []
+    for kernel, (w, rows) in SEGMENT_KERNELS.items():
+        if w == when:
+            out += [f'SIGNATURES["{kernel}"] = {{', *signature_lines(rows, cond, plan, " " * 4), "}"]
     return "\n".join(out)

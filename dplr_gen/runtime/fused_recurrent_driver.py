@@ -1,4 +1,8 @@
-"""Host side of the fused recurrent forward: allocations, grid and launch (no checks: ops.py did them)."""
+"""Host side of the fused recurrent forward: allocations, grid and launch (no checks: ops.py did them).
+
+The kernel's arguments are passed by name in the order its SIGNATURES declare (plan/fused_recurrent_plan.py), and
+its V tile is read back from CONSTEXPRS (the plan's ``block_v``).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,20 @@ from typing import Any
 
 import torch
 
-from .chunk_driver import _cdiv
+from ..plan.fused_recurrent_plan import FWD
+from .chunk_driver import _cdiv, _launch
 
 
 def fused_recurrent_dplr_fwd(
     ks: Any, var: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     gk: torch.Tensor, scale: float, h0: torch.Tensor, cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final states) of the variant ``var`` (its kernel set ``ks``): varlen where ``cu_seqlens`` is given."""
     B, T, H, _ = q.shape
     N = h0.shape[0]
-    name = "fused_recurrent_dplr_fwd_kernel"
-    BV = ks.constexprs(name)["BV"]
     o = torch.empty_like(v)
     ht = torch.empty_like(h0)
-    grid = (N * H, _cdiv(v.shape[-1], BV))
-    extra = (cu_seqlens,) if var.varlen else ()
-    getattr(ks, name)[grid](q, k, v, a, b, gk, o, h0, ht, *extra, scale, T, H)
+    grid = (N * H, _cdiv(v.shape[-1], ks.constexprs(FWD)["BV"]))
+    _launch(ks, FWD, grid, {"q": q, "k": k, "v": v, "a": a, "b": b, "gk": gk, "o": o, "h0": h0, "ht": ht,
+                            "cu_seqlens": cu_seqlens, "scale": scale, "T": T, "H": H})
     return o, ht

@@ -623,7 +623,8 @@ def chunk_dplr_fwd_seg_kernel(
 
 @triton.jit
 def chunk_dplr_fwd_h_seg_kernel(
-    kwt, v, bwt, egc, w, m, h0, h, ht, u, xs, seg_chunks, T, H,
+    kwt, v, bwt, egc, w, m, h0, h, ht, u, xs, seg_chunks,
+    T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, xs, seg_chunks, 1.0, 1, T, H,
@@ -1043,36 +1044,40 @@ for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
 SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
 CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
 LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 3}
-
-
-def _with_segment_args(signature, after):
-    """A state pass's signature (a dense variant's: no cu_seqlens) with the segment maps xs and the chunks per
-    segment right after argument ``after``, as its *_seg_kernel takes them."""
-    out = {}
-    for name, ty in signature.items():
-        out[name] = ty
-        if name == after:
-            out.update({"xs": "*fp32", "seg_chunks": "i32"})
-    return out
-
-
 # the small-grid forward over segments: the segments' maps, then the forward pass with two more arguments
 SIGNATURES["chunk_dplr_seg_maps_kernel"] = {
     "kwt": "*bf16", "v": "*bf16", "bwt": "*bf16", "egc": "*fp32", "w": "*bf16", "m": "*bf16",
     "xs": "*fp32", "seg_chunks": "i32", "T": "i32", "H": "i32",
 }
-SIGNATURES["chunk_dplr_fwd_seg_kernel"] = _with_segment_args(SIGNATURES["chunk_dplr_fwd_kernel"], "u")
-SIGNATURES["chunk_dplr_fwd_h_seg_kernel"] = _with_segment_args(SIGNATURES["chunk_dplr_fwd_h_kernel"], "u")
+SIGNATURES["chunk_dplr_fwd_seg_kernel"] = {
+    "qw": "*bf16", "kwt": "*bf16", "v": "*bf16", "bwt": "*bf16", "egc": "*fp32",
+    "w": "*bf16", "m": "*bf16", "aqk": "*bf16", "aqb": "*bf16",
+    "o": "*bf16", "h0": "*fp32", "h": "*bf16", "ht": "*fp32", "u": "*bf16",
+    "xs": "*fp32", "seg_chunks": "i32",
+    "scale": "fp32", "store_states": "i32", "T": "i32", "H": "i32",
+}
+SIGNATURES["chunk_dplr_fwd_h_seg_kernel"] = {
+    "kwt": "*bf16", "v": "*bf16", "bwt": "*bf16", "egc": "*fp32",
+    "w": "*bf16", "m": "*bf16", "h0": "*fp32", "h": "*bf16", "ht": "*fp32", "u": "*bf16",
+    "xs": "*fp32", "seg_chunks": "i32",
+    "T": "i32", "H": "i32",
+}
 for _name in ("chunk_dplr_seg_maps_kernel", "chunk_dplr_fwd_seg_kernel", "chunk_dplr_fwd_h_seg_kernel"):
     CONSTEXPRS[_name] = CONSTEXPRS["chunk_dplr_fwd_small_kernel"]
     LAUNCH[_name] = LAUNCH["chunk_dplr_fwd_small_kernel"]
 # the small-grid reverse pass over segments: the segments' maps (walked backwards), then the pass
 SIGNATURES["chunk_dplr_seg_maps_bwd_kernel"] = {
     "qwt": "*bf16", "awt": "*bf16", "egc": "*fp32", "y": "*bf16", "p": "*bf16",
-    "do": "*bf16", "xs": "*fp32", "seg_chunks": "i32", "seg_first": "i32", "scale": "fp32", "T": "i32",
-    "H": "i32",
+    "do": "*bf16", "xs": "*fp32", "seg_chunks": "i32", "seg_first": "i32", "scale": "fp32", "T": "i32", "H": "i32",
 }
-SIGNATURES["chunk_dplr_bwd_dh_seg_kernel"] = _with_segment_args(SIGNATURES["chunk_dplr_bwd_dh_kernel"], "dv")
+SIGNATURES["chunk_dplr_bwd_dh_seg_kernel"] = {
+    "qwt": "*bf16", "awt": "*bf16", "egc": "*fp32", "y": "*bf16", "p": "*bf16",
+    "kwt": "*bf16", "aqkt": "*bf16", "aakt": "*bf16",
+    "do": "*bf16", "dht": "*fp32", "dh": "*bf16", "dh0": "*fp32", "dr": "*bf16",
+    "dv": "*bf16",
+    "xs": "*fp32", "seg_chunks": "i32",
+    "scale": "fp32", "T": "i32", "H": "i32",
+}
 for _name in ("chunk_dplr_seg_maps_bwd_kernel", "chunk_dplr_bwd_dh_seg_kernel"):
     CONSTEXPRS[_name] = CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"]
     LAUNCH[_name] = LAUNCH["chunk_dplr_bwd_dh_small_kernel"]
