@@ -5,6 +5,7 @@ single-process op on the whole batch within 1e-5 (relative norm), NaN-poisoned b
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import socket
 import traceback
 from pathlib import Path
@@ -53,7 +54,10 @@ def _free_port() -> int:
 
 
 def _init(rank: int, world: int, port: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # a bounded wait: a rank that fails after the call checks (a bug) makes the others' collectives time out with
+    # an error instead of hanging the test
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=180))
 
 
 def _call(pkg: Any, x: dict[str, torch.Tensor], rwkv: bool, scale: float, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
