@@ -10,7 +10,8 @@ w in --worlds (default 2, 4 where that many GPUs are visible; the group is ranks
     every input, --iters timed iterations (each after a barrier), the slowest rank's median; against one GPU (rank 0
     alone) running --tokens tokens; efficiency = one-GPU time / CP time (weak scaling). Also: every rank of the
     group running the one-GPU op at once (contention without communication), and the bytes each rank sends and
-    receives per call (counted at the exchange), and the forward alone (no grad) for both;
+    receives per call (counted at the exchange), whether a call synchronises with the device (CUDA's sync
+    debug mode), and the forward alone (no grad) for both;
   * fla-core's CP on the same speed inputs where ``fla.ops.cp`` imports (its errors recorded otherwise).
 JSON to the path given.
 
@@ -163,13 +164,22 @@ def speed(op: Callable, build: Callable, w: int, group: Any, rank: int, args: ar
     sent: list[int] = []
     real = cp._all_gather
 
-    def counting(t: torch.Tensor, c: Any) -> torch.Tensor:
+    def counting(t: torch.Tensor, c: Any, *rest: Any) -> Any:
         sent.append(t.numel() * t.element_size())
-        return real(t, c)
+        return real(t, c, *rest)
 
     cp._all_gather = counting
     try:
-        _step(op, x, gen_x["do"], cp_context=ctx)()
+        # a call that reads anything back from the device (a synchronising CUDA call) raises here
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _step(op, x, gen_x["do"], cp_context=ctx)()
+            res["device_syncs"] = "none"
+        except RuntimeError as e:
+            res["device_syncs"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
         res["bytes_sent_per_call"] = sum(sent)
         res["bytes_received_per_call"] = sum(sent) * (w - 1)

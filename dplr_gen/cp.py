@@ -29,7 +29,7 @@ segment and of the first segment's gradient, the folds, and two all_gathers. Whe
 one segment, its map takes a walk of its own (the leaving sequence then just walks from its initial state).
 Requires the segment-map kernels in the dense variant of the inputs' dtype and head sizes (knobs
 chunk.fwd_small.segments and chunk.bwd_dh_small.segments; the hopper spec builds them for dense bf16). Bytes: each
-rank sends H K (V + K) 4 bytes in the forward and H K V 4 in the backward (plus a 96-byte descriptor per forward)
+rank sends H K (V + K) 4 bytes in the forward and H K V 4 in the backward (plus a 96-byte descriptor per forward, host to host)
 and receives world_size - 1 times that; for H = 32, K = V = 64: 1 MiB + 0.5 MiB sent per call.
 
 What each rank returns: o for its own tokens; with ``output_final_state`` a [N_global, H, K, V] fp32 tensor holding
@@ -77,6 +77,7 @@ class CPContext:
     first_rank: tuple[int, ...]
     last_rank: tuple[int, ...]
     key: int
+    host_group: Any = None  # the group the per-call descriptors go through (host tensors): see _host_group
 
     # fla-core's FLACPContext fields, for callers that read them
     @property
@@ -158,7 +159,28 @@ def build_cp_context(cu_seqlens: torch.Tensor, group: Any = None, cu_seqlens_cpu
         cu_seqlens=torch.tensor(local, dtype=torch.int64, device=cu_seqlens.device),
         cu_seqlens_cpu=torch.tensor(local, dtype=torch.int64), pieces=pieces, enters=enters, leaves=leaves,
         first_rank=tuple(first_rank), last_rank=tuple(last_rank), key=int.from_bytes(digest, "little"),
+        host_group=_host_group(group) if world > 1 else group,
     )
+
+
+# the gloo twin of each group whose backend takes no host tensors, made once: (the group, its twin)
+_HOST_GROUPS: dict[int, tuple[Any, Any]] = {}
+
+
+def _host_group(group: Any) -> Any:
+    """A group over ``group``'s ranks that exchanges host tensors: ``group`` itself where its backend does (gloo),
+    else a gloo group over the same ranks, made on the first context built for ``group`` (only its members take
+    part). The per-call descriptors go through it, so checking that the ranks agree never waits for the device:
+    over NCCL the descriptors would sit on the GPU, and reading them back would make the host wait for all the
+    work queued before the call."""
+    if "gloo" in str(dist.get_backend(group)):
+        return group
+    held = _HOST_GROUPS.get(id(group))
+    if held is None or held[0] is not group:
+        ranks = dist.get_process_group_ranks(group)
+        held = _HOST_GROUPS[id(group)] = (group, dist.new_group(ranks=ranks, backend="gloo",
+                                                                  use_local_synchronization=True))
+    return held[1]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -170,19 +192,20 @@ class _Gather:
     rank queues the work that needs no other rank's values, so that this work runs while the exchange waits for
     slower ranks (on the GPU the wait only orders the current stream after the collective)."""
 
-    def __init__(self, x: torch.Tensor, ctx: CPContext) -> None:
+    def __init__(self, x: torch.Tensor, ctx: CPContext, group: Any = None) -> None:
         self.x = x.contiguous()  # held until the collective is done
         self.out = [torch.empty_like(self.x) for _ in range(ctx.world_size)]
-        self.work = dist.all_gather(self.out, self.x, group=ctx.group, async_op=True)
+        self.work = dist.all_gather(self.out, self.x, group=ctx.group if group is None else group, async_op=True)
 
     def result(self) -> torch.Tensor:
         self.work.wait()
         return torch.stack(self.out)
 
 
-def _all_gather(x: torch.Tensor, ctx: CPContext) -> _Gather:
-    """Start gathering every rank's x (the same shape and dtype on every rank)."""
-    return _Gather(x, ctx)
+def _all_gather(x: torch.Tensor, ctx: CPContext, group: Any = None) -> _Gather:
+    """Start gathering every rank's x (the same shape and dtype on every rank) over ``group`` (default: the
+    context's)."""
+    return _Gather(x, ctx, group)
 
 
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -193,15 +216,14 @@ _FIELDS = ("context (cu_seqlens and world_size)", "rank in the group", "world_si
 def _check_agreement(ctx: CPContext, info: Optional[dict[str, Any]], err: Optional[Exception]) -> None:
     """One all_gather of a fixed-size descriptor of every rank's call (and whether its own checks passed), so
     that ranks whose calls disagree, or one whose arguments were refused, fail with a message on every rank
-    instead of exchanging mismatched summaries or waiting for a rank that left."""
+    instead of exchanging mismatched summaries or waiting for a rank that left. Host tensors over the context's
+    host group: the ranks meet on the host, and no rank waits for its device."""
     mine = [0] * len(_FIELDS)
     if info is not None:
         mine = [ctx.key, ctx.rank, ctx.world_size, info["H"], info["K"], info["V"], _DTYPE_CODES[info["dtype"]],
                 _DTYPE_CODES[info["gate_dtype"]], info["T"], struct.unpack("<q", struct.pack("<d", info["scale"]))[0]]
     mine += [int(info is not None), int(err is None)]
-    nccl = dist.get_backend(ctx.group) == "nccl"
-    dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    rows = _all_gather(torch.tensor(mine, dtype=torch.int64, device=dev), ctx).result().tolist()
+    rows = _all_gather(torch.tensor(mine, dtype=torch.int64), ctx, ctx.host_group).result().tolist()
     # a disagreement first (a refusal on one rank may follow from it), among the ranks whose calls were checked
     checked = [(r, row) for r, row in enumerate(rows) if row[-2]]
     for i, name in enumerate(_FIELDS):

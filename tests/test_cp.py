@@ -271,3 +271,20 @@ def _build_odd(rank: int, port: int, work: str) -> None:
         dist.destroy_process_group()
     (Path(work) / f"{rank}.txt").write_text(msg)
 
+
+
+def test_descriptors_go_over_a_host_group(group_of_one, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group whose backend takes no host tensors (NCCL) gets a gloo twin over its ranks, made once and reused;
+    a gloo group is its own."""
+    from dplr_gen import cp
+
+    world = dist.group.WORLD
+    assert cp._host_group(world) is world
+    monkeypatch.setattr(cp.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(cp, "_HOST_GROUPS", {})
+    twin = cp._host_group(world)
+    assert twin is not world and cp._host_group(world) is twin
+    assert dist.get_process_group_ranks(twin) == dist.get_process_group_ranks(world)
+    out = [torch.empty(3, dtype=torch.int64)]
+    dist.all_gather(out, torch.arange(3), group=twin)
+    assert out[0].tolist() == [0, 1, 2]
