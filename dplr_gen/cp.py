@@ -43,9 +43,10 @@ total. Every rank must run every call and backpropagate through it (the backward
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import struct
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -213,17 +214,24 @@ _FIELDS = ("context (cu_seqlens and world_size)", "rank in the group", "world_si
            "dtype of gk", "T_local", "scale")
 
 
-def _check_agreement(ctx: CPContext, info: Optional[dict[str, Any]], err: Optional[Exception]) -> None:
-    """One all_gather of a fixed-size descriptor of every rank's call (and whether its own checks passed), so
-    that ranks whose calls disagree, or one whose arguments were refused, fail with a message on every rank
-    instead of exchanging mismatched summaries or waiting for a rank that left. Host tensors over the context's
-    host group: the ranks meet on the host, and no rank waits for its device."""
+def _start_agreement(ctx: CPContext, info: Optional[dict[str, Any]], err: Optional[Exception]
+                     ) -> Callable[[], None]:
+    """Starts one all_gather of a fixed-size descriptor of every rank's call (and whether its own checks passed);
+    returns ``confirm``, which waits for it and raises where the ranks' calls disagree or one's arguments were
+    refused: every rank then fails with a message instead of exchanging mismatched summaries or waiting for a rank
+    that left. Host tensors over the context's host group: no rank waits for its device. A call confirms just
+    before its first exchange of values, so the ranks meet on the host while their own first work runs."""
     mine = [0] * len(_FIELDS)
     if info is not None:
         mine = [ctx.key, ctx.rank, ctx.world_size, info["H"], info["K"], info["V"], _DTYPE_CODES[info["dtype"]],
                 _DTYPE_CODES[info["gate_dtype"]], info["T"], struct.unpack("<q", struct.pack("<d", info["scale"]))[0]]
     mine += [int(info is not None), int(err is None)]
-    rows = _all_gather(torch.tensor(mine, dtype=torch.int64), ctx, ctx.host_group).result().tolist()
+    pending = _all_gather(torch.tensor(mine, dtype=torch.int64), ctx, ctx.host_group)
+    return functools.partial(_confirm_agreement, pending, err)
+
+
+def _confirm_agreement(pending: _Gather, err: Optional[Exception]) -> None:
+    rows = pending.result().tolist()
     # a disagreement first (a refusal on one rank may follow from it), among the ranks whose calls were checked
     checked = [(r, row) for r, row in enumerate(rows) if row[-2]]
     for i, name in enumerate(_FIELDS):
@@ -457,6 +465,7 @@ class _Call:
     dense: Optional[str]         # the variant of the entering and the leaving sequence (dense), if either
     mids: Optional[str]          # the other sequences' (varlen if several, else dense)
     scale: float
+    confirm: Callable[[], None]  # the ranks' agreement on the call (_start_agreement), before the first exchange
     summaries: Optional[torch.Tensor] = None
 
 
@@ -535,6 +544,7 @@ class _CPChunk(torch.autograd.Function):
             enter.maps(total=False)
         # started only after this rank's own maps: the collective's kernel occupies SMs from its launch until every
         # rank has joined, which would slow the maps it ran beside
+        call.confirm()
         gather = _all_gather(summary, ctx)
         # what needs no other rank's summary
         if lay.mids:
@@ -665,12 +675,14 @@ def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Ten
         return ops._run("chunk", package, names, tensors, scale, initial_state, output_final_state,
                         None if single else ctx.cu_seqlens.to(tensors[0].device),
                         None if single else ctx.cu_seqlens_cpu, chunk_size, lower_bound)
-    _check_agreement(ctx, info, err)
+    confirm = _start_agreement(ctx, info, err)
+    if err is not None:
+        confirm()  # raises: this rank's error, or the ranks' disagreement that may have caused it
     q, k, v, a, b, g = tensors
     N, H, K, V = ctx.num_sequences, info["H"], info["K"], info["V"]
     h0 = (torch.zeros((N, H, K, V), dtype=torch.float32, device=q.device) if initial_state is None
           else initial_state.to(torch.float32))
-    call = _Call(ctx, package, package.dir_str, variant_a, variant_b, info["scale"])
+    call = _Call(ctx, package, package.dir_str, variant_a, variant_b, info["scale"], confirm)
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     o, ht = _CPChunk.apply(call, *args)
     return o, (ht if output_final_state else None)
