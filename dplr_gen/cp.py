@@ -109,7 +109,9 @@ def build_cp_context(cu_seqlens: torch.Tensor, group: Any = None, cu_seqlens_cpu
     """The context of this rank for a packed batch with global boundaries ``cu_seqlens`` (int32/int64 [N + 1], from
     0 to T_global) split over ``group`` (default: the world): rank r holds tokens [r T_local, (r + 1) T_local),
     T_local = T_global / world_size. ``cu_seqlens_cpu``: the same values on the host, if the caller has them (saves
-    a device read). fla's ``conv1d_kernel_size`` is accepted and ignored (no convolution here)."""
+    a device read). fla's ``conv1d_kernel_size`` is accepted and ignored (no convolution here). Every rank of the
+    group calls it: the first context built for a group whose backend takes no host tensors (NCCL) also makes a
+    gloo group over its ranks, for the per-call checks."""
     unknown = set(fla_only) - {"conv1d_kernel_size"}
     if unknown:
         raise TypeError(f"build_cp_context got unexpected keyword argument(s) {sorted(unknown)}")
