@@ -338,13 +338,6 @@ class _Piece:
     def segments(self, option: str = "segments") -> int:
         return _plan(self.ks, self.T, self.H, self.V, self.dev, option)[0]
 
-    def _map_launch(self, name: str, n: int, args: dict[str, Any]) -> torch.Tensor:
-        bv = self.ks.constexprs(name)["BV"]
-        xs = cd._empty((self.H, n, self.K, self.V + self.K), torch.float32, self.dev)
-        cd._launch(self.ks, name, (self.H, cd._cdiv(self.V, bv) + cd._cdiv(self.K, bv), n),
-                   {**args, "xs": xs, "T": self.T, "H": self.H})
-        return xs
-
     # the forward
 
     def maps(self, total: bool) -> Optional[torch.Tensor]:
@@ -357,8 +350,9 @@ class _Piece:
         self.xs = None
         if n:
             pr = self.pr
-            self.xs = self._map_launch(cd.SEG_MAPS, n, {"kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc,
-                                                        "w": pr.w, "m": pr.m, "seg_chunks": self.seg[1]})
+            self.xs = cd.launch_maps(self.ks, cd.SEG_MAPS, n, self.H, self.K, self.V, self.dev, {
+                "kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m, "seg_chunks": self.seg[1],
+                "T": self.T, "H": self.H})
         return _compose(self.xs, self.V) if total else None
 
     def walk(self, h0: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
@@ -368,9 +362,7 @@ class _Piece:
         H, V, pr = self.H, self.V, self.pr
         ht = cd._empty((1, H, self.K, V), torch.float32, self.dev)
         h, u = cd._stub(cd.boundary_dtype(q), self.dev), cd._stub(v.dtype, self.dev)  # no states kept: recomputed
-        args = {"qw": pr.x3, "kwt": pr.kwt, "v": v, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m,
-                "aqk": pr.x1, "aqb": pr.x2, "o": o, "h0": h0, "h": h, "ht": ht, "u": u, "scale": float(self.scale),
-                "store_states": 0, "T": self.T, "H": H}
+        args = cd.fwd_pass_args(pr, v, o, h0, h, ht, u, self.scale, False, self.T, H)
         n, per = self.seg
         if n == 1:
             name, bv = cd._pass_kernel(self.ks, cd.FWD, H, V, self.dev)
@@ -407,9 +399,9 @@ class _Piece:
         first = 0 if start else 1  # the pass needs every segment's map but the first's
         if n - first:
             pr = self.pr
-            xs = self._map_launch(cd.SEG_MAPS_BWD, n - first, {
+            xs = cd.launch_maps(ks, cd.SEG_MAPS_BWD, n - first, self.H, self.K, self.V, self.dev, {
                 "qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "do": self.do,
-                "seg_chunks": per, "seg_first": first, "scale": self.scale})
+                "seg_chunks": per, "seg_first": first, "scale": self.scale, "T": self.T, "H": self.H})
             self.xs = xs[:, 1 - first:]
         if not start:
             return None
@@ -425,9 +417,7 @@ class _Piece:
         dh0 = cd._empty((1, H, K, V), torch.float32, dev)
         dr = cd._empty((1, T, H, V), self.do.dtype, dev)
         dv = cd._empty((1, T, H, V), self.do.dtype, dev)
-        args = {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "kwt": pr.kwt, "aqkt": pr.x5,
-                "aakt": pr.x6, "do": self.do, "dht": dht.contiguous(), "dh": dh, "dh0": dh0, "dr": dr, "dv": dv,
-                "scale": self.scale, "T": T, "H": H}
+        args = cd.reverse_pass_args(pr, self.do, dht.contiguous(), dh, dh0, dr, dv, self.scale, T, H)
         n, per = self.seg
         if n == 1:
             name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, dev)

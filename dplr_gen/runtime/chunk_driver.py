@@ -286,11 +286,38 @@ def _segmented_pass(ks, maps: str, kernel: str, seg: tuple[int, int], NH: int, K
     (the caller holds them where the launches went to a side stream)."""
     n_seg, per = seg
     bv = ks.constexprs(kernel)["BV"]
-    xs = _empty((NH, n_seg - 1, K, V + K), torch.float32, device)
-    args = {**args, "xs": xs, "seg_chunks": per}
-    _launch(ks, maps, (NH, _cdiv(V, bv) + _cdiv(K, bv), n_seg - 1), args)
-    _launch(ks, kernel, (NH, _cdiv(V, bv), n_seg), args)
+    args = {**args, "seg_chunks": per}
+    xs = launch_maps(ks, maps, n_seg - 1, NH, K, V, device, args)
+    _launch(ks, kernel, (NH, _cdiv(V, bv), n_seg), {**args, "xs": xs})
     return xs
+
+
+def launch_maps(ks, maps: str, n: int, NH: int, K: int, V: int, device: torch.device, args: dict[str, Any],
+                ) -> torch.Tensor:
+    """Launch segment-map kernel ``maps`` over ``n`` segments of each of NH (sequence, head) pairs (its other
+    arguments by name from ``args``); returns the maps xs [NH, n, K, V + K] fp32: a program per block of L's V
+    columns and of P's K columns."""
+    bv = ks.constexprs(maps)["BV"]
+    xs = _empty((NH, n, K, V + K), torch.float32, device)
+    _launch(ks, maps, (NH, _cdiv(V, bv) + _cdiv(K, bv), n), {**args, "xs": xs})
+    return xs
+
+
+def fwd_pass_args(pr: Prep, v_, o, h0, h, ht, u, scale: float, store_states: bool, T: int, H: int,
+                  cu_seqlens: torch.Tensor | None = None) -> dict[str, Any]:
+    """The forward pass's run-time arguments by name (chunk_dplr_fwd_kernel and its copies), from the forward prep."""
+    return {"qw": pr.x3, "kwt": pr.kwt, "v": v_, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m,
+            "aqk": pr.x1, "aqb": pr.x2, "o": o, "h0": h0, "h": h, "ht": ht, "u": u, **_cu(cu_seqlens),
+            "scale": float(scale), "store_states": int(store_states), "T": T, "H": H}
+
+
+def reverse_pass_args(pr: Prep, do, dht, dh, dh0, dr, dv, scale: float, T: int, H: int,
+                      cu_seqlens: torch.Tensor | None = None) -> dict[str, Any]:
+    """The reverse pass's run-time arguments by name (chunk_dplr_bwd_dh_kernel, its copies and the gradient maps),
+    from the backward prep."""
+    return {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "kwt": pr.kwt, "aqkt": pr.x5,
+            "aakt": pr.x6, "do": do, "dht": dht, "dh": dh, "dh0": dh0, "dr": dr, "dv": dv, **_cu(cu_seqlens),
+            "scale": scale, "T": T, "H": H}
 
 
 def persistent_launch(ks, name: str, n_items: int, device: torch.device) -> tuple[int, list[int]]:
@@ -456,9 +483,7 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
     if promise is not None:
         gate_check.confirm(promise)
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
-    args = {"qw": pr.x3, "kwt": pr.kwt, "v": v_, "bwt": pr.bwt, "egc": pr.egc, "w": pr.w, "m": pr.m,
-            "aqk": pr.x1, "aqb": pr.x2, "o": o, "h0": initial_state, "h": h, "ht": ht, "u": u, **_cu(cu_seqlens),
-            "scale": float(scale), "store_states": int(keep_states), "T": T, "H": H}
+    args = fwd_pass_args(pr, v_, o, initial_state, h, ht, u, scale, keep_states, T, H, cu_seqlens)
     seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev)
     if seg is None:
         _launch(ks, name, (N * H, _cdiv(V, bv)), args)
@@ -546,9 +571,7 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tenso
     dr = _empty(saved["v"].shape, saved["v"].dtype, dev)
     dv = _empty(saved["v"].shape, saved["v"].dtype, dev)
     name, bv = _pass_kernel(ks, BWD_DH, N * H, V, dev)
-    args = {"qwt": pr.x3, "awt": pr.x4, "egc": pr.egc, "y": pr.x1, "p": pr.x2, "kwt": pr.kwt, "aqkt": pr.x5,
-            "aakt": pr.x6, "do": do, "dht": dht, "dh": dh, "dh0": dh0, "dr": dr, "dv": dv, **_cu(cu_seqlens),
-            "scale": scale, "T": T, "H": H, "seg_first": 1}
+    args = {**reverse_pass_args(pr, do, dht, dh, dh0, dr, dv, scale, T, H, cu_seqlens), "seg_first": 1}
     seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev, "segments_bwd")
     if seg is None:
         _launch(ks, name, (N * H, _cdiv(V, bv)), args)
