@@ -185,6 +185,17 @@ def test_two_ranks(pkg, tmp_path: Path, case: str, segments: int | None, rwkv: b
     _check(_spawn(tmp_path, pkg, world, data, segments, rwkv), _single(pkg, data, rwkv))
 
 
+def test_two_ranks_delta_rule_masked_gates(pkg, tmp_path: Path) -> None:
+    """Delta-rule inputs (b = -a, whose chunks take the substitution inverse) with half the gates exactly 0 (no
+    decay: P keeps its full size across the slice), over 3 segments."""
+    world, offsets = CASES["dense-2"]
+    data = _inputs(offsets, 2, 16, seed=11)
+    data["b"] = -data["a"]
+    gen = torch.Generator().manual_seed(12)
+    data["gk"] = torch.where(torch.rand(data["gk"].shape, generator=gen) < 0.5, 0.0, data["gk"])
+    _check(_spawn(tmp_path, pkg, world, data, 3), _single(pkg, data, False))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case, segments", [
     ("dense-4", 3),          # 40-token slices of 3 chunks: the spanned slices' maps over 3 segments
