@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from .runtime import chunk_driver as cd
+from .runtime import gate_check
 
 if TYPE_CHECKING:
     from .runtime.loader import SpecPackage
@@ -340,11 +341,13 @@ class _Piece:
 
     # the forward
 
-    def maps(self, total: bool) -> Optional[torch.Tensor]:
-        """The forward prep and the maps the pass folds its segments' entering states from; with ``total`` every
-        segment's, and returns the piece's map [L | P] [H, K, V + K] fp32."""
+    def maps(self, total: bool, promise: Any = None) -> Optional[torch.Tensor]:
+        """The forward prep (checking ``promise``, gate_check's) and the maps the pass folds its segments'
+        entering states from; with ``total`` every segment's, and returns the piece's map [L | P] [H, K, V + K]
+        fp32."""
         q, k, v, a, b, g = self.x
-        self.pr = cd.chunk_prep(self.ks, self.var, q, k, a, b, g, None, cd._cdiv(self.T, self.var.chunk_size))
+        self.pr = cd.chunk_prep(self.ks, self.var, q, k, a, b, g, None, cd._cdiv(self.T, self.var.chunk_size),
+                                promise=promise)
         self.seg = _plan(self.ks, self.T, self.H, self.V, self.dev, "segments")
         n = self.seg[0] if total else self.seg[0] - 1
         self.xs = None
@@ -458,6 +461,7 @@ class _Call:
     mids: Optional[str]          # the other sequences' (varlen if several, else dense)
     scale: float
     confirm: Callable[[], None]  # the ranks' agreement on the call (_start_agreement), before the first exchange
+    kernel_bound: Optional[float] = None  # the lower_bound promise the forward's preps check (_check_gates)
     summaries: Optional[torch.Tensor] = None
 
 
@@ -511,6 +515,7 @@ class _CPChunk(torch.autograd.Function):
         dev = q.device
         o = cd._empty(v.shape, v.dtype, dev)
         ht = torch.zeros((ctx.num_sequences, H, K, V), dtype=torch.float32, device=dev)
+        promise = gate_check.promise_for(g, call.kernel_bound)  # each piece's prep checks its rows
         summary = torch.zeros((H, K, V + K), dtype=torch.float32, device=dev)
         if call.dense is not None:
             ks, var = ops._kernels(call.pkg, call.dense, dev)
@@ -520,20 +525,22 @@ class _CPChunk(torch.autograd.Function):
         # what the next ranks wait for: the map of the sequence leaving this slice
         if lay.span:
             enter = _Piece(ks, var, xd, call.scale)
-            summary = enter.maps(total=True)
+            summary = enter.maps(total=True, promise=promise)
         elif lay.leave_id is not None:
             leave = _Piece(ks, var, _rows(xd, lay.leave_lo, T), call.scale)
             leave_start = h0[lay.leave_id][None].contiguous()
             if leave.segments() == 1:  # one walk from its known initial state gives the state it leaves with
-                leave.maps(total=False)
+                leave.maps(total=False, promise=promise)
                 summary[:, :, :V] = leave.walk(leave_start, o[:, lay.leave_lo:])[0]
                 leave = None
             else:  # P = 0 restarts the fold here
-                total = leave.maps(total=True)
+                total = leave.maps(total=True, promise=promise)
                 summary[:, :, :V] = torch.baddbmm(total[..., :V], total[..., V:], leave_start[0])
         if lay.enter and not lay.span:
             enter = _Piece(ks, var, _rows(xd, 0, lay.enter), call.scale)
-            enter.maps(total=False)
+            enter.maps(total=False, promise=promise)
+        if promise is not None:
+            gate_check.confirm(promise)
         # started only after this rank's own maps: the collective's kernel occupies SMs from its launch until every
         # rank has joined, which would slow the maps it ran beside
         call.confirm()
@@ -546,7 +553,7 @@ class _CPChunk(torch.autograd.Function):
             ids = list(lay.mids)
             o[:, lay.mid_lo:lay.mid_hi], ht[ids] = ops._chunk_fwd_run(
                 call.pkg, call.mids, *xm, h0[ids].contiguous(), cu, call.scale, False,
-                offsets=offs if cu is not None else None)[:2]
+                offsets=offs if cu is not None else None, lower_bound=call.kernel_bound)[:2]
         if leave is not None:
             leave.walk(leave_start, o[:, lay.leave_lo:])
         summaries = gather.result()
@@ -655,9 +662,12 @@ def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Ten
                                   "break the graph); call the op eagerly")
     err: Optional[Exception] = None
     info: Optional[dict[str, Any]] = None
+    kernel_bound: Optional[float] = None
     try:
         info = _check_call(names, tensors, scale, initial_state, cu_seqlens, chunk_size, lower_bound, ctx)
         variant_a, variant_b = _variants(package, tensors, chunk_size, lower_bound, ctx)
+        if lower_bound is not None and ctx.world_size > 1:  # a group of one: the plain op checks
+            kernel_bound = _check_gates(package, tensors[5], lower_bound, (variant_a, variant_b))
     except (TypeError, ValueError) as e:
         if ctx.world_size == 1:
             raise
@@ -674,7 +684,7 @@ def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Ten
     N, H, K, V = ctx.num_sequences, info["H"], info["K"], info["V"]
     h0 = (torch.zeros((N, H, K, V), dtype=torch.float32, device=q.device) if initial_state is None
           else initial_state.to(torch.float32))
-    call = _Call(ctx, package, package.dir_str, variant_a, variant_b, info["scale"], confirm)
+    call = _Call(ctx, package, package.dir_str, variant_a, variant_b, info["scale"], confirm, kernel_bound)
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     o, ht = _CPChunk.apply(call, *args)
     return o, (ht if output_final_state else None)
@@ -712,6 +722,16 @@ def _check_call(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale
         raise ValueError(f"cp_context: cu_seqlens total T_global = {ctx.offsets[-1]} must be world_size "
                          f"({ctx.world_size}) x T_local, but {names[0]} has T_local = {T} tokens on rank {ctx.rank}")
     return info
+
+
+def _check_gates(package: "SpecPackage", g: torch.Tensor, lower_bound: float, variants: tuple[Optional[str], ...]
+                 ) -> Optional[float]:
+    """This rank's gates against the caller's lower_bound promise (gate_check): where every variant the call runs
+    is bounded, their forward preps check it (returns the bound they check, as the plain op does; no pass of its
+    own over gk); else here. A broken promise found on the host (CPU tensors, the sync mode) is a ValueError that
+    the ranks' agreement carries to every rank."""
+    bounded = all(package.variants[n].gate_bound is not None for n in variants if n is not None)
+    return gate_check.check_lower_bound(g, lower_bound, in_kernel=bounded)
 
 
 def _variants(package: "SpecPackage", tensors: tuple[torch.Tensor, ...], chunk_size: Optional[int],

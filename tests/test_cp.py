@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dplr_gen.runtime import chunk_driver, ops
+from dplr_gen.runtime import chunk_driver, gate_check, ops
 from dplr_gen.cp import build_cp_context
 from dplr_gen.runtime.loader import package_at
 from dplr_gen.testing import rel_err, rwkv7_inputs
@@ -32,7 +32,7 @@ variants:
     head_dims: [16]
     chunk_sizes: [16]
     varlen: [false, true]
-    gate_bounds: [null]
+    gate_bounds: [null, -0.61]
 variant_tuning:
   - when: {op: [chunk], varlen: [false]}
     tuning:
@@ -87,9 +87,24 @@ def _worker(rank: int, world: int, port: int, pkg_dir: str, work: str, segments:
             h0 = None
         if mode == "refused" and rank == 1:  # an initial state of the wrong size
             h0 = h0[:, :, :8]
-        o, ht = _call(package_at(pkg_dir), x, rwkv, data["scale"], initial_state=h0, cp_context=ctx)
+        kw: dict[str, Any] = {}
+        promises: list[Any] = []
+        if mode == "broken_promise":  # rank 1 holds a gate below the bound every rank promises
+            kw["lower_bound"] = -0.5
+            if rank == 1:
+                x["gk"] = x["gk"].detach().clone()
+                x["gk"][0, 3, 0, 5] = -0.9
+                x["gk"].requires_grad_(True)
+        if mode == "kernel_check":  # the GPU's form: the bounded variants' preps check the promise
+            gate_check.KERNEL_ON_CPU = True
+            kw["lower_bound"] = -0.61
+            real = chunk_driver.chunk_prep
+            chunk_driver.chunk_prep = lambda *a, **k: promises.append(
+                (bool(k.get("for_bwd")), getattr(k.get("promise"), "lower_bound", None))) or real(*a, **k)
+        o, ht = _call(package_at(pkg_dir), x, rwkv, data["scale"], initial_state=h0, cp_context=ctx, **kw)
         torch.autograd.backward((o, ht), (data["do"][:, rank * T:(rank + 1) * T], data["dht"]))
-        torch.save({"o": o.detach(), "ht": ht.detach(), "dh0": h0.grad, **{n: x[n].grad for n in NAMES}}, out)
+        torch.save({"o": o.detach(), "ht": ht.detach(), "dh0": h0.grad, **{n: x[n].grad for n in NAMES},
+                    "promises": promises}, out)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which asserts on it
         torch.save({"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}, out)
     finally:
@@ -146,6 +161,7 @@ def _single(pkg: Any, data: dict[str, Any], rwkv: bool) -> dict[str, torch.Tenso
 def _check(results: list[dict[str, Any]], ref: dict[str, torch.Tensor]) -> None:
     for r, res in enumerate(results):
         assert "error" not in res, f"rank {r}: {res.get('trace')}"
+        res.pop("promises")
     got = {
         "o": torch.cat([res["o"] for res in results], 1),
         # each sequence's final state comes from the rank where it ends, zeros from the others: their sum is all
@@ -217,6 +233,24 @@ def test_ranks_disagreeing_or_refusing(pkg, tmp_path: Path) -> None:
     rank0, rank1 = _spawn(tmp_path, pkg, 2, data, mode="refused")
     assert "initial_state must be [N_global, H, K, V] = (1, 1, 16, 16)" in rank1.get("error", ""), rank1
     assert "rank(s) [1] of the group refused their arguments" in rank0.get("error", ""), rank0
+
+
+def test_lower_bound_promise(pkg, tmp_path: Path) -> None:
+    """lower_bound under CP. Checked on the host (CPU tensors): a rank whose gates break the promise fails with the
+    error naming it and the other ranks name that rank (none waits for the exchange). In the GPU's form (the
+    bounded variants' forward preps check it, no pass of its own): every forward prep of every rank gets the
+    promise and the results are the unbounded single-process op's."""
+    world, offsets = CASES["varlen-2"]  # the sequences inside rank 0, the crossing pieces, rank 1's last ones
+    data = _inputs(offsets, 2, 16, seed=21)
+    rank0, rank1 = _spawn(tmp_path, pkg, world, data, mode="broken_promise")
+    assert "lower_bound=-0.5 promises gk >= -0.5 everywhere, but min(gk) = -0.9" in rank1.get("error", ""), rank1
+    assert "rank(s) [1] of the group refused their arguments" in rank0.get("error", ""), rank0
+    results = _spawn(tmp_path, pkg, world, data, mode="kernel_check")
+    for r, res in enumerate(results):
+        assert "error" not in res, f"rank {r}: {res.get('trace')}"
+        fwd = [bound for bwd, bound in res["promises"] if not bwd]
+        assert fwd and all(bound == -0.61 for bound in fwd), (r, res["promises"])
+    _check(results, _single(pkg, data, False))
 
 
 # ----------------------------------------------------------------------------------------------------------------
