@@ -28,9 +28,10 @@ state-independent work and small fp32 folds: beyond the one-GPU op, the critical
 segment and of the first segment's gradient, the folds, and two all_gathers. Where the op's rule walks a slice in
 one segment, its map takes a walk of its own (the leaving sequence then just walks from its initial state).
 Requires the segment-map kernels in the dense variant of the inputs' dtype and head sizes (knobs
-chunk.fwd_small.segments and chunk.bwd_dh_small.segments; the hopper spec builds them for dense bf16). Bytes: each
-rank sends H K (V + K) 4 bytes in the forward and H K V 4 in the backward (plus a 96-byte descriptor per forward, host to host)
-and receives world_size - 1 times that; for H = 32, K = V = 64: 1 MiB + 0.5 MiB sent per call.
+chunk.fwd_small.segments and chunk.bwd_dh_small.segments; every shipped spec builds them for each dense variant,
+not for variants generated on demand). Bytes: each rank sends H K (V + K) 4 bytes in the forward and H K V 4 in
+the backward (plus a 96-byte descriptor per forward, host to host) and receives world_size - 1 times that; for
+H = 32, K = V = 64: 1 MiB + 0.5 MiB sent per call.
 
 What each rank returns: o for its own tokens; with ``output_final_state`` a [N_global, H, K, V] fp32 tensor holding
 the final states of the sequences that end on this rank and zeros elsewhere (summing it over the ranks, e.g.
@@ -299,8 +300,10 @@ def _need_maps(ks: Any, var: Any) -> None:
     if missing:
         raise ValueError(
             f"context parallelism: a sequence crosses this rank's boundary, which needs the segment-map kernels of "
-            f"dense variant {var.name} (missing: {', '.join(missing)}). Give its variant group the tuning "
-            "chunk.fwd_small: {segments: N} and chunk.bwd_dh_small: {segments: N} in the spec and rebuild")
+            f"dense variant {var.name} (missing: {', '.join(missing)}). A spec gives a dense variant these with the "
+            "tuning chunk.fwd_small: {segments: N} and chunk.bwd_dh_small: {segments: N}; every shipped spec does "
+            "for its own head sizes, and variants generated on demand for other head sizes have none: add the head "
+            "sizes to the spec's variants (or that tuning to their group) and rebuild")
 
 
 def _compose(xs: torch.Tensor, V: int) -> torch.Tensor:

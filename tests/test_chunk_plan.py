@@ -114,3 +114,20 @@ def test_segment_passes_take_the_whole_pass_arguments_and_the_maps() -> None:
     assert maps_bwd[maps_bwd.index("seg_chunks") + 1] == "seg_first"
     with pytest.raises(KeyError, match="no declared chunk kernel"):
         arguments("chunk_dplr_nope_kernel", plan, flags)
+
+
+@pytest.mark.parametrize("spec", ["ampere.yaml", "ada.yaml", "hopper.yaml", "blackwell.yaml"])
+def test_every_shipped_dense_variant_has_the_segment_kernels(spec: str) -> None:
+    """Context parallelism's exchange needs the segment maps (dplr_gen/cp.py): every dense chunk unit of every shipped
+    spec has the segmented kernels of both directions; the op itself segments only where its spec measured a gain
+    (knob segments >= 3: Hopper's bf16, and fp16 at K = 64)."""
+    dense = [u for u in _units(spec) if u.variant.op == "chunk" and not u.variant.varlen]
+    assert dense
+    for u in dense:
+        plan = chunk_plan(u)
+        assert plan.segments >= 1 and plan.segments_bwd >= 1, u.name
+        assert {"chunk_dplr_seg_maps_kernel", "chunk_dplr_seg_maps_bwd_kernel", "chunk_dplr_fwd_seg_kernel",
+                "chunk_dplr_bwd_dh_seg_kernel"} <= set(kernels(plan, SimpleNamespace(gluon_token_pass=False))), u.name
+        v = u.variant
+        walks = not (spec == "hopper.yaml" and (v.dtype == "bf16" or (v.dtype == "fp16" and v.K == 64)))
+        assert (plan.segments < 3) == walks and (plan.segments_bwd < 3) == walks, (u.name, plan.segments)

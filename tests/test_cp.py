@@ -253,6 +253,17 @@ def test_lower_bound_promise(pkg, tmp_path: Path) -> None:
     _check(results, _single(pkg, data, False))
 
 
+def test_dense_variant_without_maps_is_refused(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """A sequence crossing a boundary needs the dense variant's segment-map kernels: where the spec gave it none,
+    every rank refuses the call naming the variant and the tuning that builds them (none waits)."""
+    bare = render_package(tmp_path_factory.mktemp("gen"),
+                          SPEC.split("variant_tuning:")[0].replace("name: cp_test", "name: cp_bare"), "cp_bare")
+    data = _inputs([0, 64], 1, 16, seed=4)
+    for res in _spawn(tmp_path, bare, 2, data):
+        assert "needs the segment-map kernels of dense variant chunk_fp32_k16" in res.get("error", ""), res
+        assert "chunk.fwd_small: {segments: N}" in res["error"], res
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # one process: a group of one, and bad input
 

@@ -118,8 +118,9 @@ class Knobs(_Strict):
     # walked side by side. A first launch finds what each segment does to the state entering it (an affine map:
     # S_end = P S_start + L; backwards for the reverse pass); the pass over each segment then folds the maps of the
     # segments before it into its starting state. About three walks of work in place of one, over this many times
-    # the programs: a gain only where the one walk leaves most SMs idle (docs/chunk_algorithm.md).
-    segments: int | None = Field(None, ge=2, le=64, description="small-grid stages only, dense variants: split each sequence into up to this many segments walked side by side")
+    # the programs: a gain only where the one walk leaves most SMs idle (docs/chunk_algorithm.md). 1: the kernels
+    # are built (context parallelism's exchange needs the maps, dplr_gen/cp.py) but the op walks whole sequences.
+    segments: int | None = Field(None, ge=1, le=64, description="small-grid stages only, dense variants: split each sequence into up to this many segments walked side by side (1: build the segment kernels for context parallelism, walk whole sequences)")
 
     @field_validator("block_k", "block_v")
     @classmethod

@@ -483,8 +483,88 @@ def _state_pass(
 @triton.jit
 def _fold_maps(S, xs, i_nh, n_maps, first, count, step, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
                BK: tl.constexpr):
-    # no segmented pass in this variant (knob segments): never called (SEGMENTED is False)
+    """S [K, BV] carried through ``count`` segments, each as its map S -> P S + L (xs[i_nh, first + i step] =
+    [L | P], [K, V + K] fp32, written by a *_seg_maps_* kernel): the state entering a segment from the one
+    entering the sequence (forward), or dS leaving a segment from dS leaving the sequence (reverse). P S is a dot
+    of tl.float32 operands, as each chunk's step is."""
+    o_kk = o_k[:, None] * (V + K) + V + o_k[None, :]
+    o_kl = o_k[:, None] * (V + K) + o_v[None, :]
+    for j in tl.range(count, num_stages=1):  # not pipelined: a stage of P is 64 KB of shared memory
+        base = xs + (i_nh.to(tl.int64) * n_maps + first + j * step) * K * (V + K)
+        P = tl.load(base + o_kk, mask=m_k[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        S = _dot_acc(P, S.to(tl.float32), tl.load(base + o_kl, mask=m_k[:, None] & m_v[None, :], other=0.))
     return S
+
+
+@triton.jit
+def _map_columns(i_b, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Column block i_b of a segment map [L | P]: (whether it is L's, its columns within L or P, their mask, their
+    columns in xs, the walk's starting state: 0 for L's columns, I for P's)."""
+    NVB = tl.cdiv(V, BV)
+    of_v = i_b < NVB
+    o_k = tl.arange(0, BK)
+    o_j = (i_b - tl.where(of_v, 0, NVB)) * BV + tl.arange(0, BV)
+    m_j = o_j < tl.where(of_v, V, K)
+    S = ((o_k[:, None] == o_j[None, :]) & (i_b >= NVB)).to(tl.float32)
+    return of_v, o_j, m_j, o_j + tl.where(of_v, 0, V), S
+
+
+
+
+@triton.jit
+def chunk_dplr_seg_maps_kernel(
+    kwt, v, bwt, egc, w, m, xs, seg_chunks, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """What segment program_id(2) (seg_chunks chunks; every segment but a sequence's last) does to the state
+    entering it: an affine map S -> P S + L, written as xs[sequence * head, segment] = [L | P] [K, V + K] fp32.
+    Each state column walks independently, so one walk gives both: column blocks program_id(1) < cdiv(V, BV)
+    walk L's V columns from S = 0 with the V rows, the others P's K columns from S = I with V = 0."""
+    i_nh = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_s = tl.program_id(2)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, L, slot0 = _sequence(i_n, T, BC)
+    NT = tl.cdiv(L, BC)
+    of_v, o_j, m_j, o_x, S = _map_columns(i_b, K, V, BK, BV)
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_ck = o_c[:, None] * K + o_k[None, :]
+    o_kc = o_k[:, None] * BC + o_c[None, :]
+    for i_t in range(i_s * seg_chunks, tl.minimum((i_s + 1) * seg_chunks, NT)):
+        t0 = bos + i_t * BC
+        m_c = o_c < tl.minimum(L - i_t * BC, BC)
+        p_s = (slot0 + i_t) * H + i_h
+        p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_j[None, :]
+        b_v = tl.load(v + p_y, mask=m_c[:, None] & (m_j & of_v)[None, :], other=0.).to(tl.float32)
+        p_cc = p_s * BC * BC + o_c[:, None] * BC + o_c[None, :]
+        b_w, b_m, b_bwt, b_kwt, b_eg = _step_operands(w, m, bwt, kwt, egc, p_s, o_ck, o_kc, p_cc, o_k, m_k, K, BC)
+        U = (_dot(b_w, S.to(tl.float32)) + _dot(b_m, b_v)).to(tl.float32)
+        S = _next_state(S, U, b_v, b_bwt, b_kwt, b_eg)
+    tl.store(xs + (i_nh.to(tl.int64) * tl.num_programs(2) + i_s) * K * (V + K) + o_k[:, None] * (V + K) + o_x[None, :],
+             S, mask=m_k[:, None] & m_j[None, :])
+
+
+@triton.jit
+def chunk_dplr_fwd_seg_kernel(
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, xs, seg_chunks,
+    scale, store_states, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, xs, seg_chunks, scale, store_states, T, H,
+                K, V, BC, BK, BV, True, True)
+
+
+@triton.jit
+def chunk_dplr_fwd_h_seg_kernel(
+    kwt, v, bwt, egc, w, m, h0, h, ht, u, xs, seg_chunks,
+    T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, xs, seg_chunks, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False, True)
 
 
 @triton.jit
@@ -504,6 +584,26 @@ def chunk_dplr_fwd_h_kernel(
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # Q e^gamma, A_qk, A_qb, o and scale are not read without O: kwt, m, v stand in for them
+    _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, h0, 1, 1.0, 1, T, H,
+                K, V, BC, BK, BV, False, False)
+
+
+@triton.jit
+def chunk_dplr_fwd_small_kernel(
+    qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u,
+    scale, store_states, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _state_pass(qw, kwt, v, bwt, egc, w, m, aqk, aqb, o, h0, h, ht, u, h0, 1, scale, store_states, T, H,
+                K, V, BC, BK, BV, True, False)
+
+
+@triton.jit
+def chunk_dplr_fwd_h_small_kernel(
+    kwt, v, bwt, egc, w, m, h0, h, ht, u,
+    T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
     _state_pass(kwt, kwt, v, bwt, egc, w, m, m, m, v, h0, h, ht, u, h0, 1, 1.0, 1, T, H,
                 K, V, BC, BK, BV, False, False)
 
@@ -596,7 +696,65 @@ def _reverse_pass(
 
 
 @triton.jit
+def chunk_dplr_seg_maps_bwd_kernel(
+    qwt, awt, egc, y, p, do, xs, seg_chunks, seg_first, scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    """What segment program_id(2) + seg_first (seg_chunks chunks) does to the dS leaving it, walked backwards: an
+    affine map dS -> P dS + L to the dS reaching its start, written as xs[sequence * head, program_id(2)] = [L | P]
+    [K, V + K] fp32; column blocks as in chunk_dplr_seg_maps_kernel (L's from dS = 0 with dO, P's from dS = I with
+    dO = 0). The reverse pass needs every segment's but the first (seg_first = 1); context parallelism, the first's
+    too (seg_first = 0: the gradient reaching the sequence's start from its own outputs)."""
+    i_nh = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_s = tl.program_id(2) + seg_first
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, L, slot0 = _sequence(i_n, T, BC)
+    NT = tl.cdiv(L, BC)
+    of_v, o_j, m_j, o_x, dS = _map_columns(i_b, K, V, BK, BV)
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_kc = o_k[:, None] * BC + o_c[None, :]
+    o_cc = o_c[:, None] * BC + o_c[None, :]
+    c1 = tl.minimum((i_s + 1) * seg_chunks, NT)
+    for i_r in range(c1 - i_s * seg_chunks):
+        i_t = c1 - 1 - i_r
+        t0 = bos + i_t * BC
+        m_c = o_c < tl.minimum(L - i_t * BC, BC)
+        p_s = (slot0 + i_t) * H + i_h
+        p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_j[None, :]
+        b_do = tl.load(do + p_y, mask=m_c[:, None] & (m_j & of_v)[None, :], other=0.).to(tl.float32)
+        b_y, b_p, b_qwt, b_awt, b_eg = _reverse_operands(y, p, qwt, awt, egc, p_s, o_c, o_k, o_kc, o_cc, m_k, K, BC)
+        dR = (scale * _dot(b_p, b_do) + _dot(b_y, dS.to(tl.float32))).to(tl.float32)
+        dS = _previous_ds(dS, b_do, dR, b_qwt, b_awt, b_eg, scale)
+    tl.store(xs + (i_nh.to(tl.int64) * tl.num_programs(2) + i_s - seg_first) * K * (V + K) + o_k[:, None] * (V + K)
+             + o_x[None, :], dS, mask=m_k[:, None] & m_j[None, :])
+
+
+@triton.jit
+def chunk_dplr_bwd_dh_seg_kernel(
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, xs, seg_chunks,
+    scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, xs, seg_chunks, scale, T, H,
+                  K, V, BC, BK, BV, True)
+
+
+@triton.jit
 def chunk_dplr_bwd_dh_kernel(
+    qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
+    scale, T, H,
+    K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    _reverse_pass(qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv, dht, 1, scale, T, H,
+                  K, V, BC, BK, BV, False)
+
+
+@triton.jit
+def chunk_dplr_bwd_dh_small_kernel(
     qwt, awt, egc, y, p, kwt, aqkt, aakt, do, dht, dh, dh0, dr, dv,
     scale, T, H,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -763,10 +921,13 @@ OPTIONS = {"overlap_state_passes": False, "states_every": 16,
            "persistent": [],
            # the segments per sequence at most of the small-grid forward's and states-only pass
            # (chunk_driver.segments); 0: no segmented pass
-           "segments": 0,
+           "segments": 1,
            # the same for the small-grid reverse pass (knob chunk.bwd_dh_small.segments)
-           "segments_bwd": 0,
+           "segments_bwd": 1,
            "small_grid_below_sms": {
+               "chunk_dplr_fwd_kernel": 1,
+               "chunk_dplr_fwd_h_kernel": 1,
+               "chunk_dplr_bwd_dh_kernel": 1,
            }}
 LAUNCH = {
     "chunk_dplr_prep_kernel": {"num_warps": 4, "num_stages": 2},
@@ -776,3 +937,49 @@ LAUNCH = {
     "chunk_dplr_bwd_dh_kernel": {"num_warps": 4, "num_stages": 2},
     "chunk_dplr_bwd_kernel": {"num_warps": 4, "num_stages": 1},
 }
+# the state passes for grids smaller than the device: the same arguments, other tiles and warps
+for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
+    _small = _name.replace("_kernel", "_small_kernel")
+    SIGNATURES[_small] = SIGNATURES[_name]
+    CONSTEXPRS[_small] = {**CONSTEXPRS[_name], "BV": 32}
+    LAUNCH[_small] = {"num_warps": 4, "num_stages": 2}
+SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
+CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
+LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 2}
+# the small-grid forward over segments: the segments' maps, then the forward pass with two more arguments
+SIGNATURES["chunk_dplr_seg_maps_kernel"] = {
+    "kwt": "*fp32", "v": "*fp32", "bwt": "*fp32", "egc": "*fp32", "w": "*fp32", "m": "*fp32",
+    "xs": "*fp32", "seg_chunks": "i32", "T": "i32", "H": "i32",
+}
+SIGNATURES["chunk_dplr_fwd_seg_kernel"] = {
+    "qw": "*fp32", "kwt": "*fp32", "v": "*fp32", "bwt": "*fp32", "egc": "*fp32",
+    "w": "*fp32", "m": "*fp32", "aqk": "*fp32", "aqb": "*fp32",
+    "o": "*fp32", "h0": "*fp32", "h": "*fp32", "ht": "*fp32", "u": "*fp32",
+    "xs": "*fp32", "seg_chunks": "i32",
+    "scale": "fp32", "store_states": "i32", "T": "i32", "H": "i32",
+}
+SIGNATURES["chunk_dplr_fwd_h_seg_kernel"] = {
+    "kwt": "*fp32", "v": "*fp32", "bwt": "*fp32", "egc": "*fp32",
+    "w": "*fp32", "m": "*fp32", "h0": "*fp32", "h": "*fp32", "ht": "*fp32", "u": "*fp32",
+    "xs": "*fp32", "seg_chunks": "i32",
+    "T": "i32", "H": "i32",
+}
+for _name in ("chunk_dplr_seg_maps_kernel", "chunk_dplr_fwd_seg_kernel", "chunk_dplr_fwd_h_seg_kernel"):
+    CONSTEXPRS[_name] = CONSTEXPRS["chunk_dplr_fwd_small_kernel"]
+    LAUNCH[_name] = LAUNCH["chunk_dplr_fwd_small_kernel"]
+# the small-grid reverse pass over segments: the segments' maps (walked backwards), then the pass
+SIGNATURES["chunk_dplr_seg_maps_bwd_kernel"] = {
+    "qwt": "*fp32", "awt": "*fp32", "egc": "*fp32", "y": "*fp32", "p": "*fp32",
+    "do": "*fp32", "xs": "*fp32", "seg_chunks": "i32", "seg_first": "i32", "scale": "fp32", "T": "i32", "H": "i32",
+}
+SIGNATURES["chunk_dplr_bwd_dh_seg_kernel"] = {
+    "qwt": "*fp32", "awt": "*fp32", "egc": "*fp32", "y": "*fp32", "p": "*fp32",
+    "kwt": "*fp32", "aqkt": "*fp32", "aakt": "*fp32",
+    "do": "*fp32", "dht": "*fp32", "dh": "*fp32", "dh0": "*fp32", "dr": "*fp32",
+    "dv": "*fp32",
+    "xs": "*fp32", "seg_chunks": "i32",
+    "scale": "fp32", "T": "i32", "H": "i32",
+}
+for _name in ("chunk_dplr_seg_maps_bwd_kernel", "chunk_dplr_bwd_dh_seg_kernel"):
+    CONSTEXPRS[_name] = CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"]
+    LAUNCH[_name] = LAUNCH["chunk_dplr_bwd_dh_small_kernel"]
