@@ -28,7 +28,7 @@ name: cp_test
 targets: [sm_80]
 variants:
   - ops: [chunk]
-    dtypes: [fp32]
+    dtypes: [fp32, fp16]
     head_dims: [16]
     chunk_sizes: [16]
     varlen: [false, true]
@@ -158,11 +158,11 @@ def _single(pkg: Any, data: dict[str, Any], rwkv: bool) -> dict[str, torch.Tenso
     return {"o": o.detach(), "ht": ht.detach(), "dh0": h0.grad, **{n: x[n].grad for n in NAMES}}
 
 
-def _check(results: list[dict[str, Any]], ref: dict[str, torch.Tensor]) -> None:
+def _gather(results: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """The ranks' results as the whole batch's."""
     for r, res in enumerate(results):
         assert "error" not in res, f"rank {r}: {res.get('trace')}"
-        res.pop("promises")
-    got = {
+    return {
         "o": torch.cat([res["o"] for res in results], 1),
         # each sequence's final state comes from the rank where it ends, zeros from the others: their sum is all
         "ht": sum(res["ht"] for res in results),
@@ -170,6 +170,10 @@ def _check(results: list[dict[str, Any]], ref: dict[str, torch.Tensor]) -> None:
         "dh0": sum(res["dh0"] for res in results),
         **{n: torch.cat([res[n] for res in results], 1) for n in NAMES},
     }
+
+
+def _check(results: list[dict[str, Any]], ref: dict[str, torch.Tensor]) -> None:
+    got = _gather(results)
     errs = {n: rel_err(got[n], ref[n]) for n in ref}
     assert all(e <= 1e-5 for e in errs.values()), errs
 
@@ -210,6 +214,20 @@ def test_two_ranks_delta_rule_masked_gates(pkg, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(12)
     data["gk"] = torch.where(torch.rand(data["gk"].shape, generator=gen) < 0.5, 0.0, data["gk"])
     _check(_spawn(tmp_path, pkg, world, data, 3), _single(pkg, data, False))
+
+
+def test_two_ranks_fp16(pkg, tmp_path: Path) -> None:
+    """fp16 inputs (the interpreter computes in fp16) over 3 segments: every output and gradient of the 2-rank op
+    is as close to the fp32 single-process op as the fp16 single-process op is (within 10%, + 1e-4)."""
+    world, offsets = CASES["dense-2"]
+    data = _inputs(offsets, 2, 16, seed=13)
+    ref = _single(pkg, data, True)
+    half = {**data, **{n: data[n].half() for n in (*NAMES, "do")}}
+    one = _single(pkg, half, True)
+    got = _gather(_spawn(tmp_path, pkg, world, half, 3, True))
+    errs = {n: (rel_err(got[n].float(), ref[n]), rel_err(one[n].float(), ref[n])) for n in ref}
+    assert all(cp <= 1.1 * single + 1e-4 for cp, single in errs.values()), errs
+    assert got["o"].dtype == torch.float16 and all(e[1] > 1e-5 for e in errs.values()), errs  # fp16 arithmetic ran
 
 
 @pytest.mark.slow
