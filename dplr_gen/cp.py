@@ -106,17 +106,20 @@ class CPContext:
         return len(self.offsets) - 1
 
 
-def build_cp_context(cu_seqlens: torch.Tensor, group: Any = None, cu_seqlens_cpu: Optional[torch.Tensor] = None,
-                     **fla_only: Any) -> CPContext:
+def build_cp_context(cu_seqlens: torch.Tensor, group: Any = None, conv1d_kernel_size: Optional[int] = None,
+                     cu_seqlens_cpu: Optional[torch.Tensor] = None) -> CPContext:
     """The context of this rank for a packed batch with global boundaries ``cu_seqlens`` (int32/int64 [N + 1], from
     0 to T_global) split over ``group`` (default: the world): rank r holds tokens [r T_local, (r + 1) T_local),
     T_local = T_global / world_size. ``cu_seqlens_cpu``: the same values on the host, if the caller has them (saves
-    a device read). fla's ``conv1d_kernel_size`` is accepted and ignored (no convolution here). Every rank of the
-    group calls it: the first context built for a group whose backend takes no host tensors (NCCL) also makes a
-    gloo group over its ranks, for the per-call checks."""
-    unknown = set(fla_only) - {"conv1d_kernel_size"}
-    if unknown:
-        raise TypeError(f"build_cp_context got unexpected keyword argument(s) {sorted(unknown)}")
+    a device read). The arguments are fla-core's, in its order; its ``conv1d_kernel_size`` is accepted and ignored
+    (no convolution here). Every rank of the group calls it: the first context built for a group whose backend
+    takes no host tensors (NCCL) also makes a gloo group over its ranks, for the per-call checks."""
+    if conv1d_kernel_size is not None and (isinstance(conv1d_kernel_size, bool)
+                                           or not isinstance(conv1d_kernel_size, int) or conv1d_kernel_size < 1):
+        hint = (": pass cu_seqlens_cpu by keyword (the third positional argument is fla-core's conv1d_kernel_size)"
+                if isinstance(conv1d_kernel_size, torch.Tensor) else "")
+        raise TypeError(f"conv1d_kernel_size must be None or a positive int, got "
+                        f"{type(conv1d_kernel_size).__name__}{hint}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("build_cp_context needs torch.distributed initialised (dist.init_process_group) first")
     group = dist.group.WORLD if group is None else group

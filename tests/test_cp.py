@@ -312,6 +312,13 @@ def test_bad_input(pkg, group_of_one) -> None:
         build_cp_context(torch.tensor([0, 7, 7, 40]))
     with pytest.raises(TypeError, match="cu_seqlens must be a 1-D int32 or int64"):
         build_cp_context(torch.tensor([0.0, 40.0]))
+    # fla-core's positional order (cu_seqlens, group, conv1d_kernel_size, cu_seqlens_cpu) builds the same context
+    fla_order = build_cp_context(data["cu"], None, 4, data["cu"].clone())
+    assert (fla_order.offsets, fla_order.key) == (ctx.offsets, ctx.key)
+    with pytest.raises(TypeError, match="pass cu_seqlens_cpu by keyword"):
+        build_cp_context(data["cu"], None, data["cu"])
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        build_cp_context(data["cu"], conv1d_size=4)
     with pytest.raises(ValueError, match=r"T_global = 40 must be world_size \(1\) x T_local, but q has T_local = 39"):
         _call(pkg, {n: t[:, :39] for n, t in x.items()}, False, 1.0, cp_context=ctx)
     with pytest.raises(ValueError, match="must be \\[1, T_local, H, K\\], got B = 2"):
