@@ -246,7 +246,8 @@ def segments(ks, name: str, programs: int, T: int, device: torch.device, option:
     """(segments, chunks per segment) of a dense state pass over segments of each sequence, or None for one
     walk per sequence. Only where the variant has that pass (its OPTIONS ``option``: "segments" for the forward's
     and the states-only pass, knob chunk.fwd_small.segments; "segments_bwd" for the reverse pass, knob
-    chunk.bwd_dh_small.segments; at most that many; 0 in every varlen variant) and the small-grid copy ``name`` was chosen for a grid of
+    chunk.bwd_dh_small.segments; at most that many; 0 in every varlen variant; 1 or 2 never reach three, so the
+    kernels serve context parallelism only) and the small-grid copy ``name`` was chosen for a grid of
     ``programs``: as many segments as keep the pass's grid within SEGMENT_WARPS_PER_SM warps and
     SEGMENT_PROGRAMS_PER_SM programs per SM, each of at least SEGMENT_MIN_CHUNKS chunks, and at least three
     (DriverOptions.segments forces the count)."""
