@@ -372,14 +372,12 @@ class _Piece:
         ht = cd._empty((1, H, self.K, V), torch.float32, self.dev)
         h, u = cd._stub(cd.boundary_dtype(q), self.dev), cd._stub(v.dtype, self.dev)  # no states kept: recomputed
         args = cd.fwd_pass_args(pr, v, o, h0, h, ht, u, self.scale, False, self.T, H)
-        n, per = self.seg
+        n = self.seg[0]
         if n == 1:
             name, bv = cd._pass_kernel(self.ks, cd.FWD, H, V, self.dev)
             cd._launch(self.ks, name, (H, cd._cdiv(V, bv)), args)
         else:
-            bv = self.ks.constexprs(cd.FWD_SEG)["BV"]
-            cd._launch(self.ks, cd.FWD_SEG, (H, cd._cdiv(V, bv), n),
-                       {**args, "xs": self.xs[:, :n - 1].contiguous(), "seg_chunks": per})
+            cd.launch_segments(self.ks, cd.FWD_SEG, self.seg, H, V, args, self.xs[:, :n - 1].contiguous())
         self.pr = self.xs = None
         return ht
 
@@ -427,14 +425,11 @@ class _Piece:
         dr = cd._empty((1, T, H, V), self.do.dtype, dev)
         dv = cd._empty((1, T, H, V), self.do.dtype, dev)
         args = cd.reverse_pass_args(pr, self.do, dht.contiguous(), dh, dh0, dr, dv, self.scale, T, H)
-        n, per = self.seg
-        if n == 1:
+        if self.seg[0] == 1:
             name, bv = cd._pass_kernel(ks, cd.BWD_DH, H, V, dev)
             cd._launch(ks, name, (H, cd._cdiv(V, bv)), args)
         else:
-            bv = ks.constexprs(cd.BWD_DH_SEG)["BV"]
-            cd._launch(ks, cd.BWD_DH_SEG, (H, cd._cdiv(V, bv), n),
-                       {**args, "xs": self.xs.contiguous(), "seg_chunks": per})
+            cd.launch_segments(ks, cd.BWD_DH_SEG, self.seg, H, V, args, self.xs.contiguous())
         return dh, dr, dh0, dv
 
     def grad_walk(self, dht: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -101,7 +101,7 @@ def kernel_params(kernel: str, plan: Any, flags: Any) -> str:
 
 def signatures_table(plan: Any, flags: Any) -> str:
     """The SIGNATURES table of a unit's kernels but the segmented ones (no final newline)."""
-    return _table(KERNELS, KERNELS, conditions(plan, flags), plan)
+    return _table(KERNELS, conditions(plan, flags), plan)
 
 
 def segment_signatures(when: str, plan: Any, flags: Any) -> str:

@@ -89,4 +89,4 @@ def kernel_params(kernel: str, plan: FusedRecurrentPlan) -> str:
 
 def signatures_table(plan: FusedRecurrentPlan) -> str:
     """The SIGNATURES table of a unit's kernels (no final newline)."""
-    return _table(KERNELS, KERNELS, conditions(plan), plan)
+    return _table(KERNELS, conditions(plan), plan)

@@ -10,7 +10,7 @@ without conditional rows has one line.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,11 +83,10 @@ def signature_lines(rows: Rows, cond: Mapping[str, bool], plan: Any, indent: str
             for r in taken(rows, cond)]
 
 
-def signatures_table(kernels: Iterable[str], declared: Mapping[str, Rows], cond: Mapping[str, bool],
-                     plan: Any) -> str:
-    """A SIGNATURES table literal of ``kernels`` (no final newline)."""
+def signatures_table(declared: Mapping[str, Rows], cond: Mapping[str, bool], plan: Any) -> str:
+    """A SIGNATURES table literal of the ``declared`` kernels, in their order (no final newline)."""
     out = ["SIGNATURES = {"]
-    for kernel in kernels:
-        out += [f'    "{kernel}": {{', *signature_lines(declared[kernel], cond, plan, " " * 8), "    },"]
+    for kernel, rows in declared.items():
+        out += [f'    "{kernel}": {{', *signature_lines(rows, cond, plan, " " * 8), "    },"]
     out.append("}")
     return "\n".join(out)

@@ -285,12 +285,19 @@ def _segmented_pass(ks, maps: str, kernel: str, seg: tuple[int, int], NH: int, K
     [L | P] (every segment but the one the pass starts from), then ``kernel`` walks every segment from the
     state the maps fold into; each takes its arguments by name from ``args`` and the maps. Returns the maps
     (the caller holds them where the launches went to a side stream)."""
+    xs = launch_maps(ks, maps, seg[0] - 1, NH, K, V, device, {**args, "seg_chunks": seg[1]})
+    launch_segments(ks, kernel, seg, NH, V, args, xs)
+    return xs
+
+
+def launch_segments(ks, kernel: str, seg: tuple[int, int], NH: int, V: int, args: dict[str, Any],
+                    xs: torch.Tensor) -> None:
+    """Launch ``kernel``, a state pass over ``seg`` = (segments, chunks per segment) of each of NH (sequence, head)
+    pairs, from the maps ``xs`` of every segment but the one it starts from (its other arguments by name from
+    ``args``): a program per segment and block of V columns."""
     n_seg, per = seg
     bv = ks.constexprs(kernel)["BV"]
-    args = {**args, "seg_chunks": per}
-    xs = launch_maps(ks, maps, n_seg - 1, NH, K, V, device, args)
-    _launch(ks, kernel, (NH, _cdiv(V, bv), n_seg), {**args, "xs": xs})
-    return xs
+    _launch(ks, kernel, (NH, _cdiv(V, bv), n_seg), {**args, "xs": xs, "seg_chunks": per})
 
 
 def launch_maps(ks, maps: str, n: int, NH: int, K: int, V: int, device: torch.device, args: dict[str, Any],
