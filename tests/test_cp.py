@@ -317,6 +317,8 @@ def test_bad_input(pkg, group_of_one) -> None:
     assert (fla_order.offsets, fla_order.key) == (ctx.offsets, ctx.key)
     with pytest.raises(TypeError, match="pass cu_seqlens_cpu by keyword"):
         build_cp_context(data["cu"], None, data["cu"])
+    with pytest.raises(TypeError, match="conv1d_kernel_size must be None or a positive int, got int"):
+        build_cp_context(data["cu"], None, 0)
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         build_cp_context(data["cu"], conv1d_size=4)
     with pytest.raises(ValueError, match=r"T_global = 40 must be world_size \(1\) x T_local, but q has T_local = 39"):

@@ -433,3 +433,12 @@ def test_segments_knob_dense_variants_only(tmp_path: Path) -> None:
     build_units(load_spec(write(tmp_path, varlen + rule % "op: [chunk], varlen: [false]")), Version("3.6.0"))
     with pytest.raises(SpecError, match=r"chunk.fwd.segments: only chunk.fwd_small"):
         load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd: {segments: 4}\n"))
+    # 1 builds the segment kernels (context parallelism's maps) while the op walks whole sequences; 0 is refused
+    one = build_units(load_spec(write(tmp_path, GOOD + rule.replace("6", "1") % "op: [chunk], chunk_size: [16]")),
+                      Version("3.6.0"))[0]
+    ns = {}
+    u = next(u for u in one if u.variant.op == "chunk" and u.variant.chunk_size == 16)
+    exec(compile(render_unit(u), u.name, "exec"), ns)  # noqa: S102 - our own rendered source
+    assert ns["OPTIONS"]["segments"] == 1 and "chunk_dplr_seg_maps_kernel" in ns["SIGNATURES"]
+    with pytest.raises(SpecError, match=r"chunk.fwd_small.*segments.*greater than or equal to 1"):
+        load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd_small: {segments: 0}\n"))
