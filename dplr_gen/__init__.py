@@ -15,6 +15,7 @@ _OPS = (
     "chunk_rwkv7",
     "fused_recurrent_dplr_delta_rule",
     "fused_recurrent_rwkv7",
+    "fused_mul_recurrent_rwkv7",
 )
 __all__ = [*_OPS, "naive_dplr_delta_rule", "naive_rwkv7"]
 

@@ -350,8 +350,8 @@ def compat(
         "repeated --specs"),
     extra_specs: Optional[list[str]] = typer.Argument(None, hidden=True, metavar="[SPEC]..."),
     sample: bool = typer.Option(
-        True, "--sample/--full", help="sample: per (spec, arch, Triton) one variant per (op, gate mode, dtype) "
-        "at the largest head dim with varlen on; full: every variant"),
+        True, "--sample/--full", help="sample: per (spec, arch, Triton) one variant per family (op, gate mode, "
+        "dtype, varlen) at the largest head dim; full: every variant"),
     jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, metavar="N", help="compiles run in parallel"),
     targets: Optional[str] = typer.Option(None, "--targets", metavar="ARCHS", help="only these archs, e.g. sm_80,sm_90"),
     ops: Optional[str] = typer.Option(None, "--ops", metavar="OPS", help="only these ops: chunk, fused_recurrent"),
@@ -362,11 +362,28 @@ def compat(
         None, "--kernel-cache", metavar="DIR", help="keep compiled kernels here across runs (default: a temporary folder, so "
         "every kernel is compiled and checked afresh and the user's cache is untouched)"),
     timeout: float = typer.Option(900.0, "--timeout", metavar="SECONDS", help="seconds per unit before its compile counts as FAILED"),
+    check: bool = typer.Option(False, "--check", help="build nothing: exit 1 if docs/compat.json (or --out's) no longer "
+                               "matches the templates, quirk registry and specs in the tree"),
 ) -> None:
     """Build every spec under several Triton releases (one venv each) and write docs/compat.md + .json."""
+    import json
     import shlex
 
     from .tools import compat as c
+
+    if check:
+        path = (out_dir or c.DOCS_DIR) / "compat.json"
+        if not path.is_file():
+            raise _fail(f"no {path}: run `dplr-gen compat --full` to write the compatibility matrix")
+        data = json.loads(path.read_text())
+        why = c.staleness(data)
+        if why:
+            err.print(f"{path} is stale:\n  " + "\n  ".join(why) + "\nregenerate it with: "
+                      + data.get("command", "dplr-gen compat --full").split("  (")[0], markup=False, highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(EXIT_BUILD_FAILED)
+        out.print(f"{path} matches the templates, quirk registry and specs", markup=False, highlight=False)
+        return
 
     spec_args = [x for s in [*(specs or []), *(extra_specs or [])] for x in s.split(",") if x]
     spec_paths = [Path(x) for x in spec_args] or sorted(c.SPECS_DIR.glob("*.yaml"))

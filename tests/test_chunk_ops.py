@@ -77,53 +77,78 @@ def test_varlen_any_lengths(pkg) -> None:
         assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
 
 
-@pytest.mark.parametrize("host_offsets", [True, False])
-def test_varlen_slot_map_built_once_per_cu_seqlens(pkg, monkeypatch: pytest.MonkeyPatch, host_offsets: bool) -> None:
-    """The varlen slot map is built once for a cu_seqlens tensor: the forward builds it (from the host's
-    offsets where the call read them), its backward and a second call (another layer) on the same tensor
-    reuse it; an in-place change of the tensor or a new tensor builds it again. Gradients stay right."""
-    builds: list[str] = []
-    real = chunk_driver.chunk_map_from_cu_seqlens
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_varlen_boundaries_read_and_mapped_once_per_value(pkg, monkeypatch: pytest.MonkeyPatch,
+                                                         dtype: torch.dtype) -> None:
+    """cu_seqlens, int32 or int64: its values are read once per tensor object and its slot map built once per
+    value. The forward builds the map, its backward and another layer on the same tensor reuse it without reading
+    the tensor again; a new tensor of equal values (a data loader's, either dtype) is read but finds the map; an
+    in-place change builds it again, and the gradients follow the new lengths."""
+    from dplr_gen.runtime import varlen
 
-    def counted(cu: torch.Tensor, C: int, n_slots: int) -> torch.Tensor:
-        builds.append(str(cu.device) if cu.data_ptr() != cu_dev.data_ptr() else "from the tensor")
-        return real(cu, C, n_slots)
+    varlen.clear()
+    builds: list[int] = []
+    reads: list[int] = []
+    real_build, real_tolist = varlen.chunk_map_from_cu_seqlens, torch.Tensor.tolist
 
-    monkeypatch.setattr(chunk_driver, "chunk_map_from_cu_seqlens", counted)
-    monkeypatch.setattr(chunk_driver, "_SLOT_MAPS", type(chunk_driver._SLOT_MAPS)())
+    def counted_build(cu: torch.Tensor, C: int, n_slots: int) -> torch.Tensor:
+        builds.append(C)
+        return real_build(cu, C, n_slots)
+
+    def counted_tolist(t: torch.Tensor) -> Any:
+        if t.dtype in (torch.int32, torch.int64) and t.dim() == 1 and t.numel() == 4:
+            reads.append(1)
+        return real_tolist(t)
+
+    monkeypatch.setattr(varlen, "chunk_map_from_cu_seqlens", counted_build)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
     lens = [3, 17, 40]
-    cu_dev = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=dtype)
     x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32, initial_state=False)
+    do = torch.randn(1, sum(lens), 2, 32)
+    dht = torch.randn(len(lens), 2, 32, 32)
 
     def step(cu: torch.Tensor) -> dict[str, torch.Tensor]:
         xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items() if t is not None}
-        kw = {"cu_seqlens_cpu": cu.clone()} if host_offsets else {}
-        if not host_offsets:  # the offsets then come from cu itself; keep the call from reading them
-            monkeypatch.setattr(ops, "_check_inputs", lambda *a: {**check(*a), "offsets": None})
-        o, ht = ops.chunk_dplr_delta_rule(**xs, output_final_state=True, cu_seqlens=cu, package=pkg, **kw)
+        o, ht = ops.chunk_dplr_delta_rule(**xs, output_final_state=True, cu_seqlens=cu, package=pkg)
         torch.autograd.backward((o, ht), (do, dht))
         return {n: t.grad for n, t in xs.items()}
 
-    check = ops._check_inputs
-    do = torch.randn(1, sum(lens), 2, 32)
-    dht = torch.randn(len(lens), 2, 32, 32)
-    g = step(cu_dev)
-    assert builds == (["cpu"] if host_offsets else ["from the tensor"])  # forward once, backward reuses it
-    _, _, rg = reference_with_grads(x, None, cu_dev, do, dht)
+    g = step(cu)
+    assert len(builds) == 1 and len(reads) == 1  # forward once; the backward reuses both
+    _, _, rg = reference_with_grads(x, None, cu.to(torch.int32), do, dht)
     for n in ("q", "k", "v", "a", "b", "gk"):
         assert rel_err(g[n], rg[n]) <= 1e-5, n
-    step(cu_dev)  # another layer, the same tensor
-    assert len(builds) == 1
-    step(cu_dev.clone())  # equal values, another tensor
-    assert len(builds) == 2
-    # the same tensor changed in place: built again, and the gradients follow the new lengths
+    reads[:] = [1]  # (the reference read the values too)
+    step(cu)  # another layer, the same tensor: nothing read, nothing built
+    assert len(builds) == 1 and len(reads) == 1
+    for other in (cu.clone(), cu.clone().to(torch.int64), cu.clone().to(torch.int32)):  # equal values, new tensors
+        step(other)
+    assert len(builds) == 1 and len(reads) == 4
+    # the same tensor changed in place: read and built again, and the gradients follow the new lengths
     lens2 = [20, 1, 39]
-    cu_dev.copy_(torch.tensor([0, *torch.tensor(lens2).cumsum(0).tolist()], dtype=torch.int32))
-    g = step(cu_dev)
-    assert len(builds) == 3
-    _, _, rg = reference_with_grads(x, None, cu_dev, do, dht)
+    cu.copy_(torch.tensor([0, *torch.tensor(lens2).cumsum(0).tolist()], dtype=dtype))
+    g = step(cu)
+    assert len(builds) == 2 and len(reads) == 5
+    _, _, rg = reference_with_grads(x, None, cu.to(torch.int32), do, dht)
     for n in ("q", "k", "v", "a", "b", "gk"):
         assert rel_err(g[n], rg[n]) <= 1e-5, n
+
+
+def test_varlen_boundaries_while_tracing_come_from_the_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a graph is traced or captured nothing is read or kept: the int32 copy and the map are computed
+    from the tensor each call, so that a replay reads the values it then holds."""
+    from dplr_gen.runtime import varlen
+
+    varlen.clear()
+    monkeypatch.setattr(varlen, "tracing", lambda t: True)
+    cu = torch.tensor([0, 5, 40], dtype=torch.int64)
+    assert varlen.read_offsets(cu, None, 40) is None
+    c32 = varlen.int32_boundaries(cu, None)
+    assert c32.dtype == torch.int32 and c32.tolist() == [0, 5, 40]
+    m = varlen.slot_map(cu, 16, 40 // 16 + 2, (0, 5, 40))
+    assert torch.equal(m, varlen.chunk_map_from_cu_seqlens(cu, 16, 40 // 16 + 2))
+    assert not varlen._BY_VALUE and not varlen._BY_OBJECT
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -232,7 +257,6 @@ def test_slot_map_from_host_offsets_equals_the_device_build() -> None:
     cu = torch.tensor(offs, dtype=torch.int32)
     for C in (16, 32, 64):
         n_slots = offs[-1] // C + len(lens)
-        chunk_driver._SLOT_MAPS.clear()
         host = chunk_driver.slot_map(cu, C, n_slots, offs)
         assert torch.equal(host, chunk_driver.chunk_map_from_cu_seqlens(cu, C, n_slots))
         assert host.dtype == torch.int32 and host.shape == (n_slots, 2)

@@ -28,8 +28,12 @@ variants:
     varlen: [false]
 """
 
-# the real command's entry point, with the package written under the test's folder instead of generated/
+# the real command's entry point, with the package written under the test's folder instead of generated/. A job
+# started in the background by a non-interactive shell (`&`, nohup, some CI runners) inherits SIGINT ignored, and
+# Python keeps an inherited SIG_IGN: the child restores Ctrl-C's usual meaning, which the interrupt test relies on.
 ENTRY = """
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import sys
 from pathlib import Path
 from dplr_gen.toolchain import build

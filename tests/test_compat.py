@@ -104,17 +104,22 @@ def test_markdown_from_synthetic_result() -> None:
     assert c.any_failed(data)
 
 
-def test_sample_one_per_op_gate_dtype_at_largest_head_dim_varlen() -> None:
+def test_sample_one_per_family_at_largest_head_dim() -> None:
     spec = load_spec(REPO_ROOT / "specs" / "ampere.yaml")
     units, _ = build_units(spec, Version("3.6.0"))
     chosen, skipped = c.sample_units(units)
     assert len(chosen) + len(skipped) == len(units)
-    keys = [(u.target, u.variant.op, c.gate_mode(u), u.variant.dtype) for u in chosen]
+
+    def family(u):  # type: ignore[no-untyped-def]
+        return (u.target, u.variant.op, c.gate_mode(u), u.variant.dtype, u.variant.varlen)
+
+    keys = [family(u) for u in chosen]
     assert len(keys) == len(set(keys))
-    assert set(keys) == {(u.target, u.variant.op, c.gate_mode(u), u.variant.dtype) for u in units}
-    assert len(chosen) == 2 * 3 * 3  # sm_80, sm_86 x (chunk bounded, chunk generic, fused) x 3 dtypes
+    assert set(keys) == {family(u) for u in units}
+    # sm_80, sm_86 x (chunk bounded, chunk generic, fused) x 3 dtypes x (dense, varlen)
+    assert len(chosen) == 2 * 3 * 3 * 2
     for u in chosen:
-        assert u.variant.K == 128 and u.variant.V == 128 and u.variant.varlen, u.name
+        assert u.variant.K == 128 and u.variant.V == 128, u.name
     assert c.sample_units(list(reversed(units)))[0] == list(reversed(chosen))  # order-independent choice
 
 
@@ -174,23 +179,23 @@ def test_cells_built_with_quirks_and_failed(tmp_path: Path, fake_compile: list,
     data = c.run(c.Options(specs=[spec], versions=list(versions.values()), jobs=1,
                            pythons={k: sys.executable for k in versions}), checkpoint=partial.append)
     # after each unit but the last, a partial result that renders as an incomplete table
-    assert len(partial) == 3 and not any(x["complete"] for x in partial) and data["complete"]
+    assert len(partial) == 7 and not any(x["complete"] for x in partial) and data["complete"]
     assert any(x["status"] == "pending" for x in partial[0]["cells"])
-    assert "INCOMPLETE" in c.render_markdown(partial[0]) and "not finished (0 of 1" in c.render_markdown(partial[0])
+    assert "INCOMPLETE" in c.render_markdown(partial[0]) and "not finished (0 of 2" in c.render_markdown(partial[0])
     assert "INCOMPLETE" not in c.render_markdown(data)
     cells = {(x["target"], x["triton"]): x for x in data["cells"]}
     assert not any(t == "sm_100" for t, _, _ in fake_compile)  # refused up front
-    assert len(fake_compile) == 4  # sample: one unit per (sm_80, sm_90) x 2 releases
+    assert len(fake_compile) == 8  # sample: one unit per family (dense, varlen) x (sm_80, sm_90) x 2 releases
     assert cells[("sm_100", "3.1.0")]["status"] == "refused"
     # an abort is a FAILED cell, not an exception
     assert cells[("sm_80", "3.2.0")]["status"] == "failed" and "SIGABRT" in cells[("sm_80", "3.2.0")]["error"]
     h = cells[("sm_90", "3.1.0")]
-    assert h["status"] == "built" and h["variants_compiled"] == 1 and h["variants_skipped"] == 3
+    assert h["status"] == "built" and h["variants_compiled"] == 2 and h["variants_skipped"] == 2
     # the 3.1 entry caps warps (the spec's default is 4 already) and sets a flag sm_90 sets anyway: no change
     # (the chunk-backward entry caps a stage this fused-recurrent spec does not have: no change either)
     assert h["quirk_effects"] == {"hopper-mma-to-mma-abort": 0, "hopper-chunk-bwd-abort-old-triton": 0}
     assert "built, quirks avoided: hopper-chunk-bwd-abort-old-triton°, hopper-mma-to-mma-abort° " \
-        "(1/4 compiled, 3 skipped by sampling)" in c.cell_text(h)
+        "(2/4 compiled, 2 skipped by sampling)" in c.cell_text(h)
     assert c.any_failed(data)
 
 
@@ -221,10 +226,74 @@ def test_end_to_end_installed_triton(tmp_path: Path) -> None:
     assert f"| arch | Triton {tv} |" in md
     row80 = next(x for x in md.splitlines() if x.startswith("| sm_80 |"))
     row90 = next(x for x in md.splitlines() if x.startswith("| sm_90 |"))
-    assert "| built (1/4 compiled, 3 skipped by sampling) |" in row80
-    assert "built" in row90 and "(1/4 compiled, 3 skipped by sampling)" in row90 and "FAILED" not in row90
+    assert "| built (2/4 compiled, 2 skipped by sampling) |" in row80
+    assert "built" in row90 and "(2/4 compiled, 2 skipped by sampling)" in row90 and "FAILED" not in row90
     (cell80,) = [x for x in data["cells"] if x["target"] == "sm_80"]
-    (unit,) = cell80["units"]
-    assert unit["variant"] == "fused_recurrent_fp32_k64_v64_varlen_gany_gfp32_sfp32_ieee"
+    # one unit per family: the dense and the varlen one, each at the largest head dim
+    assert sorted(u["variant"] for u in cell80["units"]) == [
+        "fused_recurrent_fp32_k64_v64_dense_gany_gfp32_sfp32_ieee",
+        "fused_recurrent_fp32_k64_v64_varlen_gany_gfp32_sfp32_ieee"]
+    unit = cell80["units"][0]
     assert unit["ok"] and unit["kernels"] and unit["kernels"][0]["compile_s"] > 0
     assert data["versions"][0]["env"] == "installed (this interpreter)"
+
+
+def test_docs_compat_matches_the_tree() -> None:
+    """docs/compat.md describes the templates, quirk registry and specs of this tree: a change to any of them
+    fails here until the matrix is regenerated (the message names the command)."""
+    data = json.loads((REPO_ROOT / "docs" / "compat.json").read_text())
+    why = c.staleness(data)
+    assert not why, ("docs/compat.md is stale: " + "; ".join(why) + ". Regenerate it with: "
+                     + data["command"].split("  (")[0])
+    assert (REPO_ROOT / "docs" / "compat.md").read_text() == c.render_markdown(data)
+
+
+def test_staleness_names_each_changed_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "a.py.jinja").write_text("one")
+    quirks = tmp_path / "quirks.yaml"
+    quirks.write_text("[]")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "s.yaml").write_text("name: s")
+    monkeypatch.setattr(c, "TEMPLATES_DIR", templates)
+    monkeypatch.setattr(c, "QUIRKS_FILE", quirks)
+    monkeypatch.setattr(c, "REPO_ROOT", tmp_path)
+    data = {"source": c._inputs_state(), "complete": True,
+            "specs": [{"file": "specs/s.yaml", "sha256_16": c.source_hash("name: s")}]}
+    assert c.staleness(data, specs) == []
+    (templates / "a.py.jinja").write_text("two")
+    (templates / "b.py.jinja").write_text("new")
+    quirks.write_text("[] # edited")
+    (specs / "s.yaml").write_text("name: s # edited")
+    (specs / "t.yaml").write_text("name: t")
+    why = c.staleness({**data, "complete": False}, specs)
+    assert any(w.startswith("template a.py.jinja changed") for w in why), why
+    assert "template b.py.jinja is not in the matrix" in why
+    assert any(w.startswith("quirks.yaml changed") for w in why), why
+    assert any(w.startswith("spec specs/s.yaml changed") for w in why), why
+    assert "spec specs/t.yaml is not in the matrix" in why
+    assert "the run that wrote it did not finish" in why
+    assert len(why) == 6
+
+
+def test_compat_check_command(tmp_path: Path) -> None:
+    from dplr_gen.cli import app
+
+    # a matrix of this tree as it stands (what `dplr-gen compat` records)
+    data = {"command": "dplr-gen compat --full --jobs 2  (default releases: 3.1.0)", "complete": True,
+            "source": c._inputs_state(),
+            "specs": [{"file": f"specs/{p.name}", "sha256_16": c.source_hash(p.read_text())}
+                      for p in sorted((REPO_ROOT / "specs").glob("*.yaml"))]}
+    out = tmp_path / "docs"
+    out.mkdir()
+    (out / "compat.json").write_text(json.dumps(data))
+    res = CliRunner().invoke(app, ["compat", "--check", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data["source"]["templates"]["chunk_dplr.py.jinja"] = "0" * 16
+    (out / "compat.json").write_text(json.dumps(data))
+    res = CliRunner().invoke(app, ["compat", "--check", "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "template chunk_dplr.py.jinja changed" in res.output
+    assert "regenerate it with: dplr-gen compat --full --jobs 2\n" in res.output

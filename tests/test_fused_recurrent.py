@@ -72,3 +72,123 @@ def test_rwkv7_order_and_default_scale(pkg) -> None:
     o3, _ = ops.fused_recurrent_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"],
                                                 initial_state=x["initial_state"], package=pkg)
     assert rel_err(o3 * 32**0.5, o2) < 1e-5  # scale None means K**-0.5
+
+
+@pytest.fixture()
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dplr_gen.runtime import chunk_driver
+
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(poison=True))
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-6), (torch.float16, 3e-3)])
+def test_fused_mul_form_is_rwkv7_with_a_and_b_formed(pkg, poisoned: None, dtype: torch.dtype, bound: float) -> None:
+    """fused_mul_recurrent_rwkv7(r, w, k, v, kk, a) is the recurrence with a_t = -kk_t, b_t = kk_t * a_t (RWKV-7's
+    decoding form, fla-core's signature), formed in the kernel."""
+    x = rwkv7_inputs(2, 7, 2, 32, dtype=dtype)
+    kk = torch.nn.functional.normalize(torch.randn_like(x["k"], dtype=torch.float32), dim=-1).to(dtype)
+    rate = torch.rand_like(x["k"], dtype=torch.float32).to(dtype)
+    o, ht = ops.fused_mul_recurrent_rwkv7(x["q"], x["gk"], x["k"], x["v"], kk, rate, initial_state=x["initial_state"],
+                                          output_final_state=True, package=pkg)
+    ref = {n: t.double() for n, t in x.items()}
+    ro, rht = naive_dplr_delta_rule(ref["q"], ref["k"], ref["v"], -kk.double(), kk.double() * rate.double(),
+                                    ref["gk"], scale=1.0, initial_state=ref["initial_state"], output_final_state=True)
+    assert rel_err(o, ro) <= bound and rel_err(ht, rht) <= bound
+
+
+def _pool_case(varlen: bool, dtype: torch.dtype = torch.float32) -> dict:
+    lens = [3, 1, 4] if varlen else [2, 2, 2]
+    x = rwkv7_inputs(1 if varlen else 3, sum(lens) if varlen else 2, 2, 32, dtype=dtype, initial_state=False)
+    x.pop("initial_state", None)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()]) if varlen else None
+    pool = torch.randn(6, 2, 32, 32)
+    return {"x": x, "cu": cu, "lens": lens, "pool": pool}
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_state_pool_reads_and_writes_the_slots_in_place(pkg, poisoned: None, varlen: bool) -> None:
+    """ssm_state_indices: sequence i starts from pool[idx[i]] and leaves its final state there, in place; a
+    negative index is a padded row (zero initial state, nothing written); every other slot is untouched. Equal to
+    a call per sequence with that slot as its initial state."""
+    c = _pool_case(varlen)
+    x, pool, cu = c["x"], c["pool"], c["cu"]
+    idx = torch.tensor([4, -1, 0], dtype=torch.int64)
+    before = pool.clone()
+    kw = {"cu_seqlens": cu} if varlen else {}
+    with torch.no_grad():
+        o, ht = ops.fused_recurrent_dplr_delta_rule(**x, initial_state=pool, ssm_state_indices=idx, package=pkg, **kw)
+    assert ht is pool
+    starts = [0, *torch.tensor(c["lens"]).cumsum(0).tolist()]
+    for i, slot in enumerate(idx.tolist()):
+        rows = (slice(None), slice(starts[i], starts[i + 1])) if varlen else (slice(i, i + 1),)
+        one = {n: t[rows] for n, t in x.items() if t is not None}
+        h0 = (before[slot] if slot >= 0 else torch.zeros_like(before[0]))[None]
+        ro, rht = naive_dplr_delta_rule(**{n: t.double() for n, t in one.items()}, initial_state=h0.double(),
+                                        output_final_state=True)
+        assert rel_err(o[rows], ro) <= 1e-6, i
+        if slot >= 0:
+            assert rel_err(pool[slot], rht[0]) <= 1e-6, i
+    for slot in (1, 2, 3, 5):
+        assert torch.equal(pool[slot], before[slot]), slot
+
+
+def test_state_pool_fused_mul_form(pkg, poisoned: None) -> None:
+    c = _pool_case(False)
+    x, pool = c["x"], c["pool"]
+    kk, rate = torch.randn_like(x["k"]), torch.rand_like(x["k"])
+    idx = torch.tensor([2, 5, 0], dtype=torch.int32)
+    expect = pool.clone()
+    with torch.no_grad():
+        o_ref, _ = ops.fused_recurrent_rwkv7(x["q"], x["gk"], x["k"], x["v"], -kk, kk * rate, initial_state=expect,
+                                             ssm_state_indices=idx, package=pkg)
+        o, _ = ops.fused_mul_recurrent_rwkv7(x["q"], x["gk"], x["k"], x["v"], kk, rate, initial_state=pool,
+                                             ssm_state_indices=idx, package=pkg)
+    assert rel_err(o, o_ref) <= 1e-6 and rel_err(pool, expect) <= 1e-6
+
+
+def test_state_pool_bad_arguments_are_refused(pkg) -> None:
+    c = _pool_case(False)
+    x, pool = c["x"], c["pool"]
+
+    def call(idx: object, p: object = pool, grad: bool = False) -> None:
+        with torch.set_grad_enabled(grad):
+            xs = {n: t.requires_grad_(grad) if grad else t for n, t in
+                  {n: t.clone() for n, t in x.items() if t is not None}.items()}
+            ops.fused_recurrent_dplr_delta_rule(**xs, initial_state=p, ssm_state_indices=idx, package=pkg)
+
+    before = pool.clone()
+    with pytest.raises(ValueError, match=r"ssm_state_indices holds 6, outside the pool's 6 slots"):
+        call(torch.tensor([0, 6, 1]))
+    with pytest.raises(ValueError, match=r"gives slot\(s\) \[1\] to more than one sequence"):
+        call(torch.tensor([1, -1, 1]))
+    with pytest.raises(ValueError, match=r"ssm_state_indices must be \[N\] = \[3\]"):
+        call(torch.tensor([0, 1]))
+    with pytest.raises(TypeError, match="ssm_state_indices must be an int32 or int64 tensor"):
+        call(torch.tensor([0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"initial_state must be the state pool \[num_slots, H, K, V\]"):
+        call(torch.tensor([0, 1, 2]), pool[:, :1])
+    with pytest.raises(ValueError, match="must be a contiguous float32 tensor"):
+        call(torch.tensor([0, 1, 2]), pool.half())
+    with pytest.raises(ValueError, match="has no gradient: call the op under torch.no_grad"):
+        call(torch.tensor([0, 1, 2]), grad=True)
+    assert torch.equal(pool, before)  # nothing ran
+
+
+def test_state_pool_indices_the_host_does_not_read(pkg, poisoned: None) -> None:
+    """Indices on the device are not read by the host (no sync): a slot past the pool gives that sequence NaN
+    outputs and writes nothing; the other sequences are unaffected. (The kernel's behaviour, driven directly,
+    as the op passes device indices to it.)"""
+    from dplr_gen.runtime import fused_recurrent_driver as fd
+
+    c = _pool_case(False)
+    x, pool = c["x"], c["pool"]
+    before = pool.clone()
+    variant = ops.variant_for(pkg, "fused_recurrent", x["q"], x["v"], x["gk"])
+    ks, var = ops._kernels(pkg.dir_str, variant, x["q"].device)
+    idx = torch.tensor([0, 9, 3], dtype=torch.int32)
+    o, _ = fd.fused_recurrent_dplr_fwd(ks, var, x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], 1.0, pool, None,
+                                       idx)
+    assert torch.isnan(o[1]).all() and torch.isfinite(o[0]).all() and torch.isfinite(o[2]).all()
+    assert not torch.equal(pool[0], before[0]) and not torch.equal(pool[3], before[3])
+    for slot in (1, 2, 4, 5):
+        assert torch.equal(pool[slot], before[slot]), slot

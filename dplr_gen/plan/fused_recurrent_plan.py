@@ -21,8 +21,9 @@ FWD = "fused_recurrent_dplr_fwd_kernel"
 _DTYPES = ("bf16", "fp16", "fp32")
 
 KERNELS: dict[str, Rows] = {
-    FWD: (row("q:io k:io v:io a:io b:io"), row("gk:gate o:io h0:*fp32 ht:*fp32"),
-          row("cu_seqlens:*i32", "varlen", own_line=True), row("scale:fp32 T:i32 H:i32")),
+    FWD: (row("q:io k:io v:io a:io b:io"), row("gk:gate o:io h0:*fp32 ht:*fp32 state_idx:*i32"),
+          row("cu_seqlens:*i32", "varlen", own_line=True),
+          row("scale:fp32 T:i32 H:i32 n_slots:i32 use_idx:i32 mul_ab:i32")),
 }
 
 

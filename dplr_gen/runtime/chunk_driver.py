@@ -15,13 +15,10 @@ h and dh are kept only where its chunks start and end, in slots of TC tokens.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
 import math
-import threading
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -30,6 +27,7 @@ import torch
 
 from . import gate_check
 from .gate_check import Promise
+from .varlen import chunk_map_from_cu_seqlens, slot_map  # noqa: F401 (cp and tests use both from here)
 
 PREP = "chunk_dplr_prep_kernel"
 FWD = "chunk_dplr_fwd_kernel"
@@ -159,58 +157,6 @@ def states_every(ks) -> int:
 def derives_states(ks) -> bool:
     """Whether the token pass derives every second chunk-boundary state (from the backward prep's operands)."""
     return states_every(ks) > token_chunk(ks)
-
-
-def chunk_map_from_cu_seqlens(cu_seqlens: torch.Tensor, C: int, n_slots: int) -> torch.Tensor:
-    """int32 [n_slots, 2]: (sequence, chunk index within it) per slot; chunk index -1 marks an unused slot.
-
-    Built on the device with a searchsorted over the first slot of each sequence (no host sync):
-    O(n_slots log N) work, one small tensor of 8 bytes per slot.
-    """
-    cu = cu_seqlens.to(torch.int64)
-    N = cu.numel() - 1
-    first = cu[:-1] // C + torch.arange(N, device=cu.device)  # first slot of each sequence, increasing
-    nch = (cu[1:] - cu[:-1] + C - 1) // C
-    slots = torch.arange(n_slots, device=cu.device)
-    n = (torch.searchsorted(first, slots, right=True) - 1).clamp_(0, N - 1)
-    i_t = slots - first[n]
-    i_t = torch.where((i_t >= 0) & (i_t < nch[n]), i_t, torch.full_like(i_t, -1))
-    return torch.stack([n, i_t], 1).to(torch.int32).contiguous()
-
-
-# slot_map's cache: (id of cu_seqlens, C, n_slots, stream) -> (weak reference to cu_seqlens, its version, map)
-_SLOT_MAPS: "collections.OrderedDict[tuple, tuple[weakref.ref, int, torch.Tensor]]" = collections.OrderedDict()
-_SLOT_MAPS_KEPT = 16
-_SLOT_MAPS_LOCK = threading.Lock()  # calls from several threads (one per device, say) share the cache
-
-
-def slot_map(cu_seqlens: torch.Tensor, C: int, n_slots: int, offsets: list[int] | None = None) -> torch.Tensor:
-    """chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots), kept per process for the last few cu_seqlens tensors
-    (keyed by the tensor's identity and version, and the stream): a call's backward and every other layer of a
-    model that passes the same cu_seqlens reuse the map instead of building it again. Where the caller has read
-    the sequence starts on the host (``offsets``, as eager calls do to check them), it is built there and copied
-    to the device once: the device build is ~20 small kernels (H100: 56-59 us of GPU time at 16 sequences,
-    docs/design.md, varlen). While torch.compile traces or a CUDA graph is captured it is built on the device from
-    the tensor each call, nothing cached (a replay must read the tensor's values then)."""
-    if torch.compiler.is_compiling() or (cu_seqlens.is_cuda and _capturing()):
-        return chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
-    stream = torch.cuda.current_stream(cu_seqlens.device).stream_id if cu_seqlens.is_cuda else None
-    key = (id(cu_seqlens), C, n_slots, stream)
-    with _SLOT_MAPS_LOCK:
-        hit = _SLOT_MAPS.get(key)
-        if hit is not None and hit[0]() is cu_seqlens and hit[1] == cu_seqlens._version:
-            _SLOT_MAPS.move_to_end(key)
-            return hit[2]
-    if offsets is not None:
-        # pageable host memory: the copy is staged at once, without waiting for the stream's earlier work
-        m = chunk_map_from_cu_seqlens(torch.tensor(offsets), C, n_slots).to(cu_seqlens.device, non_blocking=True)
-    else:
-        m = chunk_map_from_cu_seqlens(cu_seqlens, C, n_slots)
-    with _SLOT_MAPS_LOCK:
-        _SLOT_MAPS[key] = (weakref.ref(cu_seqlens), cu_seqlens._version, m)
-        while len(_SLOT_MAPS) > _SLOT_MAPS_KEPT:
-            _SLOT_MAPS.popitem(last=False)
-    return m
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,6 +8,7 @@ packages up by folder and the loader never imports the ops.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -19,22 +20,49 @@ from . import loader
 from .loader import SPEC_ENV, NotBuiltError, SpecPackage, UnsupportedDeviceError, package_at
 
 
+def _public_op(module: str, name: str) -> Any:
+    """The public op ``module.name`` (how an op pickled by reference is found again)."""
+    return getattr(importlib.import_module(module), name)
+
+
+class BoundOp:
+    """A public op bound to a package: called like the op, pickled by reference, as the module attribute it is
+    (``generated.<spec>.<op>``, ``dplr_gen.<op>``), so that it can be passed to a spawned process."""
+
+    __slots__ = ("_fn", "_package", "_module", "__name__", "__qualname__")
+
+    def __init__(self, fn: Any, package: Any, module: str, name: str) -> None:
+        self._fn, self._package, self._module = fn, package, module
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, package=self._package, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return _public_op, (self._module, self.__name__)
+
+    def __repr__(self) -> str:
+        return f"<dplr-gen op {self._module}.{self.__name__}>"
+
+
 class PackageOps:
     """A built package with the public ops bound to it: ``PackageOps(pkg).chunk_rwkv7(...)`` runs on ``pkg``.
-    Other attributes are the package's."""
+    Other attributes are the package's. ``module``: the module the ops are attributes of (where pickle finds
+    them)."""
 
-    def __init__(self, package: SpecPackage) -> None:
+    def __init__(self, package: SpecPackage, module: str | None = None) -> None:
         self.package = package
+        self.module = module or f"generated.{package.name}"
 
     def __getattr__(self, name: str) -> Any:
         if name in ops.OP_NAMES:
-            return functools.partial(getattr(ops, name), package=self.package)
+            return BoundOp(getattr(ops, name), self.package, self.module, name)
         return getattr(self.package, name)
 
 
 def load_package(module_name: str, init_file: str) -> PackageOps:
     """Called by generated/<spec>/__init__.py."""
-    return PackageOps(package_at(Path(init_file).parent))
+    return PackageOps(package_at(Path(init_file).parent), module_name)
 
 
 class _Dispatcher:
@@ -71,15 +99,30 @@ class _Dispatcher:
         if name not in ops.OP_NAMES:
             raise AttributeError(name)
         ops._constant_result(_compiled_package_for)  # marks it for Dynamo (idempotent)
+        return DispatchedOp(self, name)
 
-        def op(*args: Any, **kwargs: Any) -> Any:
-            q = args[0] if args else next(iter(kwargs.values()))
-            # under torch.compile the lookup (a folder listing) runs once at trace time, outside the graph
-            package = _compiled_package_for(q.device) if torch.compiler.is_compiling() else self.package_for(q.device)
-            return getattr(ops, name)(*args, package=package, **kwargs)
 
-        op.__name__ = name
-        return op
+class DispatchedOp:
+    """``dplr_gen.<op>``: the op on the package for its inputs' device, pickled by reference."""
+
+    __slots__ = ("_dispatcher", "_fn", "__name__", "__qualname__")
+
+    def __init__(self, dispatcher: _Dispatcher, name: str) -> None:
+        self._dispatcher, self._fn = dispatcher, getattr(ops, name)
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        q = args[0] if args else next(iter(kwargs.values()))
+        # under torch.compile the lookup (a folder listing) runs once at trace time, outside the graph
+        package = (_compiled_package_for(q.device) if torch.compiler.is_compiling()
+                   else self._dispatcher.package_for(q.device))
+        return self._fn(*args, package=package, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return _public_op, ("dplr_gen", self.__name__)
+
+    def __repr__(self) -> str:
+        return f"<dplr-gen op dplr_gen.{self.__name__}>"
 
 
 @functools.cache

@@ -19,6 +19,7 @@ import torch
 
 from . import fused_recurrent_driver
 from . import gate_check
+from . import varlen
 from ..plan.variant import HEAD_DIM_MAX, HEAD_DIM_MIN
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 # benchmarks (A/B): False keeps a forward that keeps the states from running the backward's prep (_EagerOp)
 PREP_IN_FORWARD = True
 
-OP_NAMES = ("chunk_dplr_delta_rule", "chunk_rwkv7", "fused_recurrent_dplr_delta_rule", "fused_recurrent_rwkv7")
+OP_NAMES = ("chunk_dplr_delta_rule", "chunk_rwkv7", "fused_recurrent_dplr_delta_rule", "fused_recurrent_rwkv7",
+            "fused_mul_recurrent_rwkv7")
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 TORCH_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
 
@@ -80,7 +82,7 @@ def _check_inputs(
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"scale must be a finite float or None (meaning K**-0.5), got {scale!r}")
 
-    offsets: list[int] | None = None
+    offsets: tuple[int, ...] | None = None
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
             got = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__
@@ -91,19 +93,8 @@ def _check_inputs(
             raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but {q_name} is on {dev}")
         if B != 1:
             raise ValueError(f"with cu_seqlens the batch size must be 1 (sequences laid end to end), got B = {B}")
-        src = cu_seqlens_cpu if isinstance(cu_seqlens_cpu, torch.Tensor) else cu_seqlens
-        if torch.compiler.is_compiling():  # reading values would break the graph; checked in eager runs
-            src = None
-        offsets = [] if src is None else [int(x) for x in src.tolist()]
-    if offsets:
-        if offsets[0] != 0:
-            raise ValueError(f"cu_seqlens must start at 0, got {offsets[0]}")
-        if any(y < x for x, y in zip(offsets, offsets[1:])):
-            raise ValueError("cu_seqlens must be non-decreasing")
-        if offsets[-1] != T:
-            raise ValueError(f"cu_seqlens must end at T = {T}, got {offsets[-1]}")
-        if any(y == x for x, y in zip(offsets, offsets[1:])):
-            raise ValueError("cu_seqlens holds an empty sequence (two equal entries); every sequence needs a token")
+        # read once per tensor object (none while tracing: checked in eager runs)
+        offsets = varlen.read_offsets(cu_seqlens, cu_seqlens_cpu, T)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor):
@@ -278,9 +269,11 @@ def _chunk_bwd_impl(
 def _fused_fwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
+    state_indices: Optional[torch.Tensor] = None, mul_ab: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     ks, var = _kernels(pkg, variant, q.device)
-    return fused_recurrent_driver.fused_recurrent_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens)
+    return fused_recurrent_driver.fused_recurrent_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens,
+                                                           state_indices, mul_ab)
 
 
 @functools.cache
@@ -421,25 +414,78 @@ def _check_keywords(chunk_size: Any, lower_bound: Any) -> None:
         raise ValueError(f"lower_bound must be a negative float (a promise that gk >= lower_bound) or None, got {lower_bound!r}")
 
 
+def _state_pool(indices: Any, pool: Any, N: int, H: int, K: int, V: int, device: torch.device,
+                grad: bool) -> torch.Tensor:
+    """``ssm_state_indices`` checked against the pool ``initial_state`` [num_slots, H, K, V] (fp32, updated in
+    place), as an int32 tensor on the device. Where the indices are on the host (no device sync to read them),
+    every index must be a slot of the pool or negative (a padded row), and no slot may appear twice; indices on the
+    device are not read: a slot >= num_slots gives that sequence NaN outputs and leaves the pool alone, and two
+    sequences given one slot race (the slot ends with one of their states)."""
+    if grad:
+        raise ValueError("ssm_state_indices updates the state pool in place and has no gradient: call the op under "
+                         "torch.no_grad() or torch.inference_mode(), or pass initial_state per sequence instead")
+    if not isinstance(indices, torch.Tensor) or indices.dtype not in (torch.int32, torch.int64):
+        got = indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__
+        raise TypeError(f"ssm_state_indices must be an int32 or int64 tensor [N], got {got}")
+    if tuple(indices.shape) != (N,):
+        raise ValueError(f"ssm_state_indices must be [N] = [{N}] (one slot per sequence), got {tuple(indices.shape)}")
+    if not isinstance(pool, torch.Tensor) or pool.dim() != 4 or tuple(pool.shape[1:]) != (H, K, V):
+        got = tuple(pool.shape) if isinstance(pool, torch.Tensor) else type(pool).__name__
+        raise ValueError(f"with ssm_state_indices, initial_state must be the state pool [num_slots, H, K, V] = "
+                         f"[num_slots, {H}, {K}, {V}], got {got}")
+    if pool.dtype != torch.float32 or not pool.is_contiguous() or pool.device != device:
+        raise ValueError(f"the state pool (initial_state) must be a contiguous float32 tensor on {device}: it is "
+                         f"updated in place; got {pool.dtype} on {pool.device}, contiguous={pool.is_contiguous()}")
+    if indices.device.type == "cpu":
+        ids = indices.tolist()
+        bad = [i for i in ids if i >= pool.shape[0]]
+        if bad:
+            raise ValueError(f"ssm_state_indices holds {bad[0]}, outside the pool's {pool.shape[0]} slots "
+                             "(valid: 0 to num_slots - 1, or negative for a padded row)")
+        used = [i for i in ids if i >= 0]
+        if len(set(used)) != len(used):
+            twice = sorted({i for i in used if used.count(i) > 1})
+            raise ValueError(f"ssm_state_indices gives slot(s) {twice} to more than one sequence; each sequence "
+                             "needs a slot of its own")
+        return varlen.to_device(indices.to(torch.int32), device)
+    if indices.device != device:
+        raise ValueError(f"ssm_state_indices is on {indices.device} but the inputs are on {device}")
+    return indices if indices.dtype == torch.int32 else indices.to(torch.int32)
+
+
 def _run(
     op: str, package: "SpecPackage", names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale: Any,
     initial_state: Any, output_final_state: bool, cu_seqlens: Any, cu_seqlens_cpu: Any = None,
     chunk_size: int | None = None, lower_bound: float | None = None, keep_states: bool = False,
-    cp_context: Any = None,
+    cp_context: Any = None, state_indices: Any = None, mul_ab: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``mul_ab`` (fused recurrent op): the tensors' a is RWKV-7's kk and b its rate a; the recurrence runs with
+    -kk and kk * a."""
     _check_keywords(chunk_size, lower_bound)
     if cp_context is not None:  # the rank's slice of a batch split over a process group (cp.py)
         from .. import cp
 
         return cp.run(names, package, tensors, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu, chunk_size, lower_bound, cp_context)
-    info = _check_inputs(names, tensors, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
+    grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (*tensors, initial_state))
+    if mul_ab and grad:
+        # the gradient flows through the products formed here (the kernel's own form has none)
+        kk, rate = tensors[3], tensors[4]
+        tensors = (*tensors[:3], -kk, kk * rate, tensors[5])
+        mul_ab = False
+    pooled = state_indices is not None
+    info = _check_inputs(names, tensors, scale, None if pooled else initial_state, cu_seqlens, cu_seqlens_cpu)
     q, k, v, a, b, g = tensors
+    if pooled:
+        state_indices = _state_pool(state_indices, initial_state, info["N"], info["H"], info["K"], info["V"],
+                                    q.device, grad)
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         # Triton's interpreter computes bf16 dots wrongly (off by orders of magnitude): run on float32 copies
         # and round the output to bf16; autograd rounds the gradients back to the inputs' dtypes
         o, ht = _run(op, package, names, tuple(t.float() for t in tensors), scale, initial_state,
-                     output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, keep_states)
+                     output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, keep_states,
+                     state_indices=state_indices, mul_ab=mul_ab)
         return o.to(torch.bfloat16), ht
     variant = variant_for(package, op, q, v, g, cu_seqlens, chunk_size, lower_bound)
     var = package.variants[variant]
@@ -450,17 +496,27 @@ def _run(
         bounded = op == "chunk" and var.gate_bound is not None
         kernel_bound = gate_check.check_lower_bound(g, lower_bound, in_kernel=bounded)
     g = g.to(TORCH_DTYPES[var.gate_dtype])
-    if initial_state is None:
+    if pooled:
+        h0 = initial_state
+    elif initial_state is None:
         h0 = q.new_zeros(info["N"], info["H"], info["K"], info["V"], dtype=torch.float32)
     else:
         h0 = initial_state.to(torch.float32)
-    cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
+    cu = None if cu_seqlens is None else varlen.int32_boundaries(cu_seqlens, info["offsets"])
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     # the package travels as its folder path: custom ops take plain strings, and paths are unique
     pkg = package.dir_str
     # the states are kept only for a backward to come (without one they would be written for nothing)
-    keep = bool(keep_states) and op == "chunk" and torch.is_grad_enabled() and any(t.requires_grad for t in args)
-    if not torch.compiler.is_compiling():
+    keep = bool(keep_states) and op == "chunk" and grad
+    if pooled or mul_ab or (not grad and not torch.compiler.is_compiling()):
+        # nothing to differentiate: the implementation itself (an autograd.Function costs ~20 us of host time a
+        # call, what a decode step waits for)
+        if op == "chunk":
+            o, ht = _chunk_fwd_run(pkg, variant, *args, cu, info["scale"], False, False, info["offsets"] or None,
+                                   kernel_bound)[:2]
+        else:
+            o, ht = _fused_fwd_impl(pkg, variant, *args, cu, info["scale"], state_indices, mul_ab)
+    elif not torch.compiler.is_compiling():
         # the forward that keeps the states runs the backward's prep too (_EagerOp)
         # (the sequence starts as read on the host for the checks: the varlen slot maps are built from them)
         o, ht = _EagerOp.apply(op, keep, keep and PREP_IN_FORWARD, info["offsets"] or None, kernel_bound, pkg, variant,
@@ -469,7 +525,8 @@ def _run(
         o, ht, _, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep, kernel_bound)
     else:
         o, ht = _fused_fwd(pkg, variant, *args, cu, info["scale"])
-    return o, (ht if output_final_state else None)
+    # with a state pool the final states are in the pool (returned as the final state)
+    return o, (ht if output_final_state or pooled else None)
 
 
 def chunk_dplr_delta_rule(
@@ -519,25 +576,56 @@ def chunk_rwkv7(
                 output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, disable_recompute, cp_context)
 
 
+def _check_reverse(op: str, reverse: Any) -> None:
+    if reverse:
+        raise ValueError(f"{op}: reverse=True (the sequence walked backwards) is not supported; pass reverse=False")
+
+
 def fused_recurrent_dplr_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gk: torch.Tensor,
     scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", **unexpected: Any,
+    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", reverse: bool = False,
+    ssm_state_indices: torch.Tensor | None = None, **unexpected: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Step-by-step DPLR delta rule for decoding (small T); exact for any gate."""
+    """Step-by-step DPLR delta rule for decoding (small T); exact for any gate. ``ssm_state_indices`` [N] (for
+    serving): ``initial_state`` is a pool of states [num_slots, H, K, V] (float32); sequence i starts from slot
+    ssm_state_indices[i] and its final state is written back there, in place (the pool is returned as the final
+    state); a negative index is a padded row (zero initial state, nothing written). Indices on the host are
+    checked (in range, no slot twice); indices on the device are not read (a slot past the pool gives NaN
+    outputs and writes nothing). No gradient."""
     if unexpected:
         raise TypeError(f"fused_recurrent_dplr_delta_rule got unexpected keyword argument(s) {sorted(unexpected)}")
+    _check_reverse("fused_recurrent_dplr_delta_rule", reverse)
     return _run("fused_recurrent", package, ("q", "k", "v", "a", "b", "gk"), (q, k, v, a, b, gk), scale,
-                initial_state, output_final_state, cu_seqlens)
+                initial_state, output_final_state, cu_seqlens, state_indices=ssm_state_indices)
 
 
 def fused_recurrent_rwkv7(
     r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     scale: float = 1.0, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", **unexpected: Any,
+    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", reverse: bool = False,
+    ssm_state_indices: torch.Tensor | None = None, **unexpected: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """RWKV-7 argument order over the fused recurrent op."""
+    """RWKV-7 argument order over the fused recurrent op (``ssm_state_indices``: see
+    fused_recurrent_dplr_delta_rule)."""
     if unexpected:
         raise TypeError(f"fused_recurrent_rwkv7 got unexpected keyword argument(s) {sorted(unexpected)}")
+    _check_reverse("fused_recurrent_rwkv7", reverse)
     return _run("fused_recurrent", package, ("r", "k", "v", "a", "b", "w"), (r, k, v, a, b, w), scale,
-                initial_state, output_final_state, cu_seqlens)
+                initial_state, output_final_state, cu_seqlens, state_indices=ssm_state_indices)
+
+
+def fused_mul_recurrent_rwkv7(
+    r: torch.Tensor, w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kk: torch.Tensor, a: torch.Tensor,
+    scale: float = 1.0, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None, *, package: "SpecPackage", reverse: bool = False,
+    ssm_state_indices: torch.Tensor | None = None, **unexpected: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RWKV-7's decoding form, as fla-core's layer calls it: kk (the normalised key) and the in-context rate a,
+    the recurrence running with a_t = -kk_t and b_t = kk_t * a_t, formed inside the kernel (no gradient needed)
+    or before it (``ssm_state_indices``: see fused_recurrent_dplr_delta_rule)."""
+    if unexpected:
+        raise TypeError(f"fused_mul_recurrent_rwkv7 got unexpected keyword argument(s) {sorted(unexpected)}")
+    _check_reverse("fused_mul_recurrent_rwkv7", reverse)
+    return _run("fused_recurrent", package, ("r", "k", "v", "kk", "a", "w"), (r, k, v, kk, a, w), scale,
+                initial_state, output_final_state, cu_seqlens, state_indices=ssm_state_indices, mul_ab=True)

@@ -42,6 +42,8 @@ class ArchProfile(BaseModel):
             "separate_accumulators": self.mma == "v5",
             # the token pass as the Gluon kernel (knob chunk.bwd.gluon; set per unit in variants.build_units)
             "gluon_token_pass": False,
+            # fp32 dots at tf32x3 written as three tf32 dots (set by a quirk where the option itself aborts)
+            "split_tf32x3": False,
             "needs_allocator": False,
         }
 

@@ -46,6 +46,7 @@ from ..plan.variants import BuildUnit, _resolve_knobs, expand, unit_flags
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPECS_DIR = REPO_ROOT / "specs"
+QUIRKS_FILE = Path(quirk_registry.__file__).resolve().parent / "data" / "quirks.yaml"
 DOCS_DIR = REPO_ROOT / "docs"
 MINORS = tuple(range(1, 10))  # Triton 3.1 .. 3.9: the releases triton_compat speaks to
 # What `python -m dplr_gen.toolchain.compile` imports besides the standard library is triton, filelock, platformdirs
@@ -189,11 +190,11 @@ def _weight(u: BuildUnit) -> tuple[Any, ...]:
 
 
 def sample_units(units: Sequence[BuildUnit]) -> tuple[list[BuildUnit], list[BuildUnit]]:
-    """One unit per (target, op, gate mode, dtype): the one at the largest head dim with varlen on (then the
+    """One unit per family, (target, op, gate mode, dtype, varlen): the one at the largest head dim (then the
     largest chunk). Returns ``(chosen, skipped)``, both in the input order."""
-    best: dict[tuple[str, str, str, str], BuildUnit] = {}
+    best: dict[tuple[str, str, str, str, bool], BuildUnit] = {}
     for u in units:
-        key = (u.target, u.variant.op, gate_mode(u), u.variant.dtype)
+        key = (u.target, u.variant.op, gate_mode(u), u.variant.dtype, u.variant.varlen)
         cur = best.get(key)
         # ties go to the first name in sort order, so the choice does not depend on the input order
         if cur is None or (_weight(u), _neg(u.name)) > (_weight(cur), _neg(cur.name)):
@@ -268,10 +269,44 @@ def _git_state() -> dict[str, Any]:
 
     dirty = [line[3:] for line in git("status", "--porcelain", "--", "dplr_gen", "specs").splitlines()
              if len(line) > 3]
-    # the templates as rendered in this run (they may hold uncommitted work): their content hashes
-    templates = {f.name: source_hash(f.read_text()) for f in sorted(TEMPLATES_DIR.glob("*.jinja"))}
     return {"commit": git("rev-parse", "--short=12", "HEAD").strip() or None, "uncommitted": sorted(dirty),
-            "templates": templates}
+            **_inputs_state()}
+
+
+def _inputs_state() -> dict[str, Any]:
+    """Content hashes of what decides the compiled kernels besides the specs: the templates as rendered in this
+    run (they may hold uncommitted work) and the quirk registry."""
+    return {"templates": {f.name: source_hash(f.read_text()) for f in sorted(TEMPLATES_DIR.glob("*.jinja"))},
+            "registry": source_hash(QUIRKS_FILE.read_text())}
+
+
+def staleness(data: dict[str, Any], specs_dir: Path = SPECS_DIR) -> list[str]:
+    """Why a compatibility matrix (the JSON of :func:`run`) no longer describes the tree: templates, quirk
+    registry or spec files whose content differs from what it compiled, specs it does not cover, an unfinished
+    run. Empty when it is current."""
+    why: list[str] = []
+    src = data.get("source") or {}
+    now = _inputs_state()
+    then = src.get("templates") or {}
+    for name in sorted(set(now["templates"]) | set(then)):
+        if name not in then:
+            why.append(f"template {name} is not in the matrix")
+        elif name not in now["templates"]:
+            why.append(f"template {name} is in the matrix but no longer in {_shown(TEMPLATES_DIR)}")
+        elif then[name] != now["templates"][name]:
+            why.append(f"template {name} changed (matrix {then[name]}, tree {now['templates'][name]})")
+    if src.get("registry") != now["registry"]:
+        why.append(f"{_shown(QUIRKS_FILE)} changed (matrix {src.get('registry')}, tree {now['registry']})")
+    recorded = {s["file"]: s.get("sha256_16") for s in data.get("specs", [])}
+    for path in sorted(specs_dir.glob("*.yaml")):
+        shown = _shown(path)
+        if shown not in recorded:
+            why.append(f"spec {shown} is not in the matrix")
+        elif recorded[shown] != source_hash(path.read_text()):
+            why.append(f"spec {shown} changed (matrix {recorded[shown]}, tree {source_hash(path.read_text())})")
+    if not data.get("complete", True):
+        why.append("the run that wrote it did not finish")
+    return why
 
 
 def _machine() -> dict[str, Any]:
@@ -559,8 +594,8 @@ def render_markdown(data: dict[str, Any]) -> str:
     src = data.get("source", {})
     m = data["machine"]
     mode = (
-        "sample: per (spec, arch, Triton) one variant per (op, gate mode, dtype) is compiled, the one at the "
-        "largest head dim with varlen on (the heaviest code paths); the others are counted as skipped"
+        "sample: per (spec, arch, Triton) one variant per family (op, gate mode, dtype, varlen) is compiled, the "
+        "one at the largest head dim (the heaviest code paths); the others are counted as skipped"
         if data["mode"] == "sample" else "full: every variant is compiled"
     )
     lines = [

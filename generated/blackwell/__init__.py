@@ -11,6 +11,7 @@ chunk_dplr_delta_rule = _package.chunk_dplr_delta_rule
 chunk_rwkv7 = _package.chunk_rwkv7
 fused_recurrent_dplr_delta_rule = _package.fused_recurrent_dplr_delta_rule
 fused_recurrent_rwkv7 = _package.fused_recurrent_rwkv7
+fused_mul_recurrent_rwkv7 = _package.fused_mul_recurrent_rwkv7
 variants = _package.variant_names
 
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     "chunk_rwkv7",
     "fused_recurrent_dplr_delta_rule",
     "fused_recurrent_rwkv7",
+    "fused_mul_recurrent_rwkv7",
     "variants",
 ]
