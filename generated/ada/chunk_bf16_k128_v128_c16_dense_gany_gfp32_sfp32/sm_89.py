@@ -48,6 +48,13 @@ def _dot(x, y):
 
 
 @triton.jit
+def _prep_dot(x, y):
+    """_dot for the preps' fp32 products (the A matrices, (I - A_ab)^-1 and what is formed with it): a
+    workaround for the preps alone stays out of the other kernels."""
+    return _dot(x, y)
+
+
+@triton.jit
 def _dot_acc(x, y, acc):
     """acc + x y, accumulated inside the dot: a sum of separate dot results may give them two MMA layouts and
     a conversion between them, which sm_90 cannot do; one accumulator keeps one layout."""
@@ -103,8 +110,8 @@ def _inv_product(A, BC: tl.constexpr):
     Tm = tl.where(o_c[:, None] == o_c[None, :], 1., 0.) + A
     P = A
     for _ in tl.static_range(3):
-        P = _dot(P, P)
-        Tm = Tm + _dot(Tm, P)
+        P = _prep_dot(P, P)
+        Tm = Tm + _prep_dot(Tm, P)
     return Tm
 
 
@@ -149,14 +156,14 @@ def _chunk_A_factored(q, k, a, b, g, gam, gamp, BC: tl.constexpr):
     # inverse chain shares one MMA encoding (no mma -> mma layout conversion on Hopper and Blackwell)
     low = o_c[:, None] >= o_c[None, :]
     slow = o_c[:, None] > o_c[None, :]
-    Aab = tl.where(slow, _dot(Af.to(tl.float32), tl.trans(Bf.to(tl.float32))), 0.)
+    Aab = tl.where(slow, _prep_dot(Af.to(tl.float32), tl.trans(Bf.to(tl.float32))), 0.)
     Qf = Qf.to(tl.float32)
     Kf = Kf.to(tl.float32)
     Bf = Bf.to(tl.float32)
     Af = Af.to(tl.float32)
-    Aqk = tl.where(low, _dot(Qf, tl.trans(Kf)), 0.)
-    Aqb = tl.where(low, _dot(Qf, tl.trans(Bf)), 0.)
-    Aak = tl.where(slow, _dot(Af, tl.trans(Kf)), 0.)
+    Aqk = tl.where(low, _prep_dot(Qf, tl.trans(Kf)), 0.)
+    Aqb = tl.where(low, _prep_dot(Qf, tl.trans(Bf)), 0.)
+    Aak = tl.where(slow, _prep_dot(Af, tl.trans(Kf)), 0.)
     return Aqk, Aqb, Aak, Aab
 
 
@@ -406,10 +413,10 @@ def _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x
 def _prep_stores_fwd(Tm, Aqk, Aqb, Aak, aw, w, m, x1, x2, p_ck, p_cc, m_k):
     """The forward prep's stores, given Tm = (I - A_ab)^-1: M = Tm A_ak, A_qk, A_qb, then W = Tm A e^gamma'.
     fp32 products, rounded once when stored; every row is written (rows past the chunk's end are zero)."""
-    tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty))
+    tl.store(m + p_cc, _prep_dot(Tm, Aak).to(m.dtype.element_ty))
     tl.store(x1 + p_cc, Aqk.to(x1.dtype.element_ty))
     tl.store(x2 + p_cc, Aqb.to(x2.dtype.element_ty))
-    tl.store(w + p_ck, _dot(Tm, aw).to(w.dtype.element_ty), mask=m_k[None, :])
+    tl.store(w + p_ck, _prep_dot(Tm, aw).to(w.dtype.element_ty), mask=m_k[None, :])
 
 
 @triton.jit
@@ -420,16 +427,16 @@ def _prep_stores_bwd(Tm, Aqk, Aqb, Aak, b_a, b_b, gamp, gend, w, m, x1, x2, x5, 
     # (the masked-off stores of W and M leave their products unused; they cost no memory traffic)
     m_cc = (o_c[:, None] >= 0) & keep_wm
     if PREP_BWD_W_LAST:
-        tl.store(m + p_cc, _dot(Tm, Aak).to(m.dtype.element_ty), mask=m_cc)
+        tl.store(m + p_cc, _prep_dot(Tm, Aak).to(m.dtype.element_ty), mask=m_cc)
     else:
-        W = _dot(Tm, b_a * tl.exp(gamp))
-        M = _dot(Tm, Aak)
+        W = _prep_dot(Tm, b_a * tl.exp(gamp))
+        M = _prep_dot(Tm, Aak)
         tl.store(w + p_ck, W.to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
         tl.store(m + p_cc, M.to(m.dtype.element_ty), mask=m_cc)
     # the transposed products are formed untransposed (Y^T = (B e^..)^T (I - A_ab)^-1, P^T = A_qb
     # (I - A_ab)^-1: no transposed dot result enters a dot) and written through transposed offsets
-    YT = _dot(tl.trans(b_b * tl.exp(gend)), Tm)
-    PT = _dot(Aqb, Tm)
+    YT = _prep_dot(tl.trans(b_b * tl.exp(gend)), Tm)
+    PT = _prep_dot(Aqb, Tm)
     tl.store(x1 + base_ck + o_c[None, :] * K + o_k[:, None], YT.to(x1.dtype.element_ty), mask=m_k[:, None])
     p_ccT = base_cc + o_c[None, :] * BC + o_c[:, None]
     tl.store(x2 + p_ccT, PT.to(x2.dtype.element_ty))
@@ -439,7 +446,8 @@ def _prep_stores_bwd(Tm, Aqk, Aqb, Aak, b_a, b_b, gamp, gend, w, m, x1, x2, x5, 
     tl.store(aqk + p_cc, Aqk.to(aqk.dtype.element_ty), mask=m_fwd)
     tl.store(aqb + p_cc, Aqb.to(aqb.dtype.element_ty), mask=m_fwd)
     if PREP_BWD_W_LAST:
-        tl.store(w + p_ck, _dot(Tm, b_a * tl.exp(gamp)).to(w.dtype.element_ty), mask=m_k[None, :] & keep_wm)
+        tl.store(w + p_ck, _prep_dot(Tm, b_a * tl.exp(gamp)).to(w.dtype.element_ty),
+                 mask=m_k[None, :] & keep_wm)
 
 
 @triton.jit
