@@ -36,18 +36,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import common as C  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-VARLEN = C.Shape(1, 32768, 32, 64, C.mixed_lengths(16, 32768, seed=0), name="varlen16x32768x32x64")
+VARLEN = C.Shape(1, 32768, 32, 64, C.mixed_lengths(16, 32768, seed=0), name="varlen16x32768x32x64",
+                 cu_dtype="int32")
 DENSE_EQUIV = C.Shape(1, 32768, 32, 64)  # the varlen case's tokens as one dense sequence
 DENSE_BATCH = C.Shape(16, 2048, 32, 64)  # ... and as 16 dense sequences of their mean length (as much parallelism)
 # the varlen case against each dense twin, same system: key of the ratio in the speed rows -> twin
 DENSE_TWINS = {"dense_equiv": DENSE_EQUIV, "dense_batch": DENSE_BATCH}
+# the call forms users have: 11 sequences of 512-8192 tokens (multiples of 16, so the CUDA kernel runs too) and 8
+# ragged ones (lengths not multiples of 16), with cu_seqlens in int64 (fla-core's type hint) or int32, reused by
+# every call (every layer of a model) or new each step (a data loader's)
+LENGTHS11 = (512, 1024, 4096, 8192, 2048, 768, 6144, 1536, 3072, 2560, 2816)
+RAGGED8 = (1000, 2047, 3333, 517, 4099, 1234, 5001, 1873)
+CALL_FORMS = tuple(
+    C.Shape(1, sum(lens), 32, 64, lens, name=name, cu_dtype=dt, fresh_cu=fresh)
+    for name, lens in (("varlen11x32768x32x64", LENGTHS11), ("ragged8x19104x32x64", RAGGED8))
+    for dt, fresh in (("int64", False), ("int32", False), ("int64", True))
+)
+# shapes whose work is bound by the host: their wall time is compared with their device time (CUDA graph replay)
+HOST_BOUND = C.Shape(1, 4096, 2, 128)
+# the default run: the dense shapes, the host-bound one and the varlen call forms
 SHAPES: dict[str, C.Shape] = {
     s.label: s for s in (
-        C.Shape(4, 4096, 32, 64), C.Shape(8, 4096, 64, 64), C.Shape(8, 2048, 16, 128), C.Shape(1, 4096, 2, 128),
-        VARLEN, DENSE_EQUIV, DENSE_BATCH,
+        C.Shape(4, 4096, 32, 64), C.Shape(8, 4096, 64, 64), C.Shape(8, 2048, 16, 128), HOST_BOUND, *CALL_FORMS,
     )
 }
-PRESETS = {**SHAPES, "varlen": VARLEN}
+# more by name: the varlen case beside its dense twins (--shapes varlen,1x32768x32x64,16x2048x32x64)
+PRESETS = {**SHAPES, **{s.label: s for s in (VARLEN, DENSE_EQUIV, DENSE_BATCH)}, "varlen": VARLEN}
+# decode steps (T = 1, state in and out, no gradient): the small model's heads at these batch sizes
+DECODE_BATCHES = (1, 64, 512)
+DECODE_H, DECODE_D = 32, 64
+# decode forms: fused_recurrent_rwkv7 (a, b given) and fused_mul_recurrent_rwkv7 (kk, a given: fla's RWKV-7
+# layer's decoding call); dplr-gen's also with a state pool (ssm_state_indices, states read and written in place)
+DECODE_FORMS = {"dplr": ("fused", "mul", "pool"), "fla": ("fused", "mul")}
 DRY_SHAPES = [C.Shape(1, 64, 1, 64), C.Shape(1, 64, 1, 64, (20, 1, 43), name="varlen3x64x1x64")]
 ACC_SHAPE, DRY_ACC_SHAPE = C.Shape(1, 512, 2, 64), C.Shape(1, 32, 1, 64)
 SEED = 1234
@@ -68,15 +88,19 @@ class Worker:
         self.dtype = getattr(torch, cfg["dtype"])
         self.ops: dict[str, Any] = {}
 
-    def op(self, name: str) -> tuple[Any, dict[str, Any]]:
-        if name not in self.ops:
+    def op(self, name: str, shape: C.Shape | None = None) -> tuple[Any, dict[str, Any]]:
+        system = C.SYSTEMS[name]
+        # the CUDA peer is built per head size and for dense or varlen inputs
+        key = (name, shape.D, shape.lengths is not None) if system.impl == "wind" and shape else name
+        if key not in self.ops:
             try:
-                self.ops[name] = C.load_op(C.SYSTEMS[name], self.cfg["package"])
+                self.ops[key] = C.load_op(system, self.cfg["package"], shape.D if shape else None,
+                                          bool(shape and shape.lengths is not None))
             except Exception as e:  # remembered: every job of this system reports the same error
-                self.ops[name] = e
-        if isinstance(self.ops[name], Exception):
-            raise self.ops[name]
-        return self.ops[name]
+                self.ops[key] = e
+        if isinstance(self.ops[key], Exception):
+            raise self.ops[key]
+        return self.ops[key]
 
     def inputs(self, shape: C.Shape, seed: int) -> dict[str, Any]:
         return C.rwkv7_case(shape.B, shape.T, shape.H, shape.D, dtype=self.dtype, device=self.device, seed=seed,
@@ -86,31 +110,39 @@ class Worker:
         """Inputs, cotangents, and the first fwd+bwd (timed, wall clock); ``loss_backward``: the backward as a
         training loop calls it (see C.fwd_loss_backward), the forward timed apart."""
         t0 = time.perf_counter()
-        op, info = self.op(system)
+        sysinfo = C.SYSTEMS[system]
+        if sysinfo.impl == "wind" and shape.lengths is not None and any(n % 16 for n in shape.lengths):
+            raise ValueError("not supported by this system: every sequence length must be a multiple of 16")
+        op, info = self.op(system, shape)
         t1 = time.perf_counter()
         x = self.inputs(shape, seed)
         do, dht = C.grad_outputs(x, seed)
-        cu, cu_cpu = C.cu_tensors(shape.lengths, C.SYSTEMS[system].cu_dtype, self.device)
-        if C.SYSTEMS[system].impl == "dplr":  # which variant ran (e.g. gk read in bf16 or in fp32)
-            info = {**info, "variant": C.dplr_variant(C.SYSTEMS[system], self.cfg["package"], x, cu)}
+        sums = C.checksums(x)  # of the inputs as drawn (a system's own form is derived from them)
+        x, do, dht = C.native_inputs(sysinfo, x, do, dht)
+        # the call form: cu_seqlens alone, in the shape's dtype (no host copy passed: users' calls)
+        cu, cu_cpu = C.cu_tensors(shape.lengths, shape.cu_dtype or sysinfo.cu_dtype, self.device)
+        if sysinfo.impl == "dplr":  # which variant ran (e.g. gk read in bf16 or in fp32)
+            info = {**info, "variant": C.dplr_variant(sysinfo, self.cfg["package"], x, cu)}
         xl = C.leaves(x)
         C.sync(self.device)
         t2 = time.perf_counter()
         if loss_backward:
-            got, t_fwd = C.fwd_loss_backward(op, xl, do, dht, cu, cu_cpu, sync=lambda: C.sync(self.device))
+            got, t_fwd = C.fwd_loss_backward(op, xl, do, dht, cu, sync=lambda: C.sync(self.device))
         else:
-            got, t_fwd = C.fwd_bwd(op, xl, do, dht, cu, cu_cpu), None
+            got, t_fwd = C.fwd_bwd(op, xl, do, dht, cu), None
         C.sync(self.device)
         t3 = time.perf_counter()
         split = {} if t_fwd is None else {
             "first_fwd_s": t_fwd, "first_bwd_s": t3 - t2 - t_fwd, "sympy_imported": "sympy" in sys.modules}
         return {"op": op, "info": info, "x": xl, "do": do, "dht": dht, "cu": cu, "cu_cpu": cu_cpu, "got": got,
-                "load_s": t1 - t0, "inputs_s": t2 - t1, "first_fwd_bwd_s": t3 - t2, **split}
+                "checksums": sums, "load_s": t1 - t0, "inputs_s": t2 - t1, "first_fwd_bwd_s": t3 - t2, **split}
 
     def run(self, job: str) -> dict[str, Any]:
         kind, system, *rest = job.split(":")
         if kind == "acc":
             return self.accuracy(system)
+        if kind == "decode":
+            return self.decode(system, int(rest[0]))
         shape = parse_shape_any(rest[0])
         if kind == "speed":
             return self.speed(system, shape)
@@ -133,12 +165,80 @@ class Worker:
         finite = all(C.all_finite(s["got"]).values())
         del s["got"]
         warmup, rep = self.cfg["warmup"], self.cfg["rep"]
-        fwd, fwd_bwd = C.step_closures(op, x, do, dht, cu, cu_cpu)
+        fwd, fwd_bwd = C.step_closures(op, x, do, dht, cu, cu_cpu, fresh_cu=shape.fresh_cu)
         fwd_ms = C.bench_ms(fwd, self.device, warmup, rep)
         fb_ms = C.bench_ms(fwd_bwd, self.device, warmup, rep)
         peak = C.peak_bytes(fwd_bwd, self.device)
-        return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fb_ms, "peak_bytes": peak, "first_fwd_bwd_s": s["first_fwd_bwd_s"],
-                "finite": finite, "checksums": C.checksums(x), "info": s["info"]}
+        out = {"fwd_ms": fwd_ms, "fwd_bwd_ms": fb_ms, "peak_bytes": peak, "first_fwd_bwd_s": s["first_fwd_bwd_s"],
+               "finite": finite, "checksums": s["checksums"], "info": s["info"]}
+        if shape.label == HOST_BOUND.label and self.device == "cuda":
+            # host-bound: wall time per call (host and device together) against the device's own time
+            out["wall_fwd_bwd_ms"] = C.wall_ms(fwd_bwd, self.device)
+            try:
+                out["graph_fwd_bwd_ms"] = C.graph_ms(fwd_bwd, self.device)[0]
+            except Exception as e:  # noqa: BLE001 - recorded: a system whose call cannot be captured
+                out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        return out
+
+    def decode(self, system: str, B: int) -> dict[str, Any]:
+        """One decode step (T = 1, no gradient) of ``system`` = <impl>-<form>: do_bench median, wall time per
+        call of calls back to back, the step replayed in a CUDA graph, and the replay's outputs against eager."""
+        import torch
+
+        impl, form = system.split("-")
+        H, D = (1, 64) if self.cfg["dry_run"] else (DECODE_H, DECODE_D)
+        x = C.rwkv7_case(B, 1, H, D, dtype=self.dtype, device=self.device, seed=SEED + B)
+        kk, rate = -x["a"], torch.rand_like(x["a"])  # RWKV-7's kk (normalised) and in-context rate
+        if impl == "dplr":
+            from dplr_gen.runtime import ops
+            from dplr_gen.runtime.loader import package_at
+
+            kw: dict[str, Any] = {"package": package_at(self.cfg["package"])}
+            fused, mul = ops.fused_recurrent_rwkv7, ops.fused_mul_recurrent_rwkv7
+        else:
+            try:
+                from fla.ops.rwkv7 import fused_mul_recurrent_rwkv7 as mul, fused_recurrent_rwkv7 as fused
+            except Exception as e:  # noqa: BLE001
+                raise ImportError(f"fla not available: {type(e).__name__}: {e}") from e
+            kw = {}
+        state = x["h0"]
+        if form == "pool":  # B live sequences in a pool of 2 B slots, every other slot
+            pool = torch.zeros(2 * B, H, D, D, device=self.device)
+            idx = torch.arange(0, 2 * B, 2, device=self.device, dtype=torch.int32)
+            pool[idx.long()] = state
+            kw = {**kw, "ssm_state_indices": idx}
+            state = pool
+
+        def step() -> Any:
+            if form == "fused":
+                return fused(x["r"], x["w"], x["k"], x["v"], x["a"], x["b"], scale=1.0, initial_state=state,
+                             output_final_state=True, **kw)
+            return mul(x["r"], x["w"], x["k"], x["v"], kk, rate, scale=1.0, initial_state=state,
+                       output_final_state=True, **kw)
+
+        with torch.inference_mode():
+            o_eager = step()[0].clone()
+            out: dict[str, Any] = {"B": B, "H": H, "D": D}
+            if form == "pool":
+                pool.copy_(state)  # (the steps above advanced the pool; timing needs no reset)
+            out["bench_ms"] = C.bench_ms(step, self.device, self.cfg["warmup"], self.cfg["rep"])
+            out["wall_ms"] = C.wall_ms(step, self.device, n=2 if self.cfg["dry_run"] else 200)
+            try:
+                if self.device != "cuda":
+                    raise RuntimeError("no CUDA graphs on this device")
+                before = state.clone()
+                out["graph_ms"], got, graph = C.graph_ms(step, self.device)
+                # a replay from a known state gives what the eager step from that state gives
+                state.copy_(before)
+                graph.replay()
+                replayed = got[0].clone()
+                state.copy_(before)
+                out["graph_replay_matches"] = bool(torch.equal(replayed, step()[0]))
+                state.copy_(before)
+            except Exception as e:  # noqa: BLE001 - recorded: a form that cannot be captured
+                out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+            out["finite"] = bool(torch.isfinite(o_eager).all())
+        return out
 
 
 def worker_main(cfg: dict[str, Any], jobs: list[str]) -> int:
@@ -170,8 +270,11 @@ def summarise(results: dict[str, dict[str, Any]], shapes: list[C.Shape], systems
             row: dict[str, Any] = {"shape": sh.label, "system": sysname, "error": r.get("error"),
                                    "floor_fwd_ms": floor["fwd"], "floor_fwd_bwd_ms": floor["fwd_bwd"],
                                    "bytes_fwd": b["fwd"], "bytes_fwd_bwd": b["fwd_bwd"]}
-            for k in ("fwd_ms", "fwd_bwd_ms", "peak_bytes", "first_fwd_bwd_s", "finite"):
+            for k in ("fwd_ms", "fwd_bwd_ms", "peak_bytes", "first_fwd_bwd_s", "finite", "wall_fwd_bwd_ms",
+                      "graph_fwd_bwd_ms", "graph_error"):
                 row[k] = r.get(k)
+            w, g = row["wall_fwd_bwd_ms"], row["graph_fwd_bwd_ms"]
+            row["wall_vs_device"] = w / g if isinstance(w, (int, float)) and isinstance(g, (int, float)) else None
             for k, f in (("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd_bwd")):
                 row[f"x_floor_{f}"] = row[k] / floor[f] if isinstance(row[k], (int, float)) else None
                 bv = base.get(k)
@@ -191,11 +294,29 @@ def summarise(results: dict[str, dict[str, Any]], shapes: list[C.Shape], systems
             _, sysname, label = key.split(":")
             cold.append({"system": sysname, "shape": label, **{k: r.get(k) for k in (
                 "wall_s", *COLD_FIELDS, "finite", "error")}})
-    acc = {s: results.get(f"acc:{s}", {"error": "not run"}) for s in systems}
+    acc = {s: results.get(f"acc:{s}", {"error": "not run"}) for s in systems if C.SYSTEMS[s].impl != "wind"}
     return speed, cold, acc
 
 
-def tables(speed: list[dict[str, Any]], cold: list[dict[str, Any]], acc: dict[str, Any], dtype: str = "bfloat16") -> str:
+def decode_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of the decode table, each with its ratio to fla-core's same form at the same batch."""
+    rows = []
+    for key, r in results.items():
+        if key.startswith("decode:"):
+            _, system, B = key.split(":")
+            rows.append({"system": system, "B": int(B), **{k: r.get(k) for k in (
+                "bench_ms", "wall_ms", "graph_ms", "graph_replay_matches", "graph_error", "finite", "error")}})
+    fla = {(r["system"].split("-")[1], r["B"]): r for r in rows if r["system"].startswith("fla-")}
+    for r in rows:
+        base = fla.get(("mul" if r["system"].endswith("pool") else r["system"].split("-")[1], r["B"]), {})
+        for k in ("bench_ms", "wall_ms"):
+            a, b = r.get(k), base.get(k)
+            r[f"{k}_vs_fla"] = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+    return sorted(rows, key=lambda r: (r["B"], r["system"]))
+
+
+def tables(speed: list[dict[str, Any]], cold: list[dict[str, Any]], acc: dict[str, Any], dtype: str = "bfloat16",
+           decode: list[dict[str, Any]] | None = None) -> str:
     gb = lambda b: None if b is None else b / 1e9  # noqa: E731
     out = [C.format_table(
         ["shape", "system", "fwd ms", "fwd+bwd ms", "peak GB", "fwd/fla-best", "f+b/fla-best", "fwd/floor",
@@ -213,6 +334,21 @@ def tables(speed: list[dict[str, Any]], cold: list[dict[str, Any]], acc: dict[st
         ve = [f"{r['system']} {r[f'vs_{key}_fwd_bwd']:.2f}" for r in speed if r.get(f"vs_{key}_fwd_bwd")]
         if ve:
             out.append(f"varlen ({VARLEN.N} sequences) / the same tokens as {what}, fwd+bwd: " + ", ".join(ve))
+    host = [r for r in speed if r.get("wall_vs_device") is not None or r.get("graph_error")]
+    if host:
+        out.append(C.format_table(
+            ["shape", "system", "fwd+bwd wall ms", "device ms (graph replay)", "wall / device", "error"],
+            [[r["shape"], r["system"], r["wall_fwd_bwd_ms"], r["graph_fwd_bwd_ms"], r["wall_vs_device"],
+              (r.get("graph_error") or "")[:60]] for r in host],
+            title="host-bound shape: wall time of calls back to back against the device's time"))
+    if decode:
+        out.append(C.format_table(
+            ["system", "B", "do_bench ms", "wall ms/call", "graph ms", "replay = eager", "do_bench/fla",
+             "wall/fla", "error"],
+            [[r["system"], r["B"], r["bench_ms"], r["wall_ms"], r["graph_ms"], r["graph_replay_matches"],
+              r["bench_ms_vs_fla"], r["wall_ms_vs_fla"], (r.get("error") or r.get("graph_error") or "")[:50]]
+             for r in decode],
+            title=f"decode step (T = 1, H = {DECODE_H}, D = {DECODE_D}, state in and out, no gradient)"))
     if cold:
         out.append(C.format_table(
             ["system", "shape", "wall s", "import+load s", "inputs s", "1st fwd s", "1st bwd s", "1st fwd+bwd s",
@@ -259,10 +395,32 @@ def plot(speed: list[dict[str, Any]], path: Path, title: str) -> str | None:
     return None
 
 
+DEFAULT_SYSTEMS = ("dplr-fast", "dplr-generic", "fla-best", "wind-cuda")
+
+
+def job_groups(systems: list[str], shapes: list[C.Shape], args: Any, dry: bool) -> dict[str, list[str]]:
+    """The jobs, grouped by the worker process that runs them: one per system, the CUDA peer one per head
+    size (its extension is built for one), and the decode steps one per library."""
+    groups: dict[str, list[str]] = {}
+    for sysname in systems:
+        wind = C.SYSTEMS[sysname].impl == "wind"
+        if not args.no_accuracy and not wind:
+            groups.setdefault(sysname, []).append(f"acc:{sysname}")
+        for sh in ([] if args.no_speed else shapes):
+            groups.setdefault(f"{sysname} D={sh.D}" if wind else sysname, []).append(f"speed:{sysname}:{sh.label}")
+    if not args.no_decode:
+        impls = {C.SYSTEMS[s].impl for s in systems}
+        for impl, forms in DECODE_FORMS.items():
+            if impl in impls:
+                groups[f"{impl} decode"] = [f"decode:{impl}-{f}:{B}" for B in ((1, 2) if dry else DECODE_BATCHES)
+                                            for f in forms]
+    return groups
+
+
 def input_group(job: str) -> str | None:
     """speed:<system>:<shape> jobs of one shape, and the acc:<system> jobs, must have seen the same tensors."""
     kind, _, *rest = job.split(":")
-    return None if kind == "cold" else ":".join([kind, *rest])
+    return None if kind in ("cold", "decode") else ":".join([kind, *rest])
 
 
 def cold_start(system: str, shape: C.Shape, cfg: dict[str, Any], timeout: float, log: Any) -> dict[str, Any]:
@@ -282,7 +440,8 @@ def cold_start(system: str, shape: C.Shape, cfg: dict[str, Any], timeout: float,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", help=f"comma list of BxTxHxD or presets ({', '.join(PRESETS)}); default all")
-    ap.add_argument("--systems", default=",".join(C.SYSTEMS), help="comma list of " + ", ".join(C.SYSTEMS))
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help="comma list of " + ", ".join(C.SYSTEMS))
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode steps")
     ap.add_argument("--quick", action="store_true", help="first shape only (unless --shapes), do_bench warmup 10 / rep 30")
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--no-speed", action="store_true")
@@ -341,12 +500,10 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
 
     env = C.worker_env(device, allow_jit=args.allow_jit)
-    for sysname in systems:
-        jobs = ([] if args.no_accuracy else [f"acc:{sysname}"]) + ([] if args.no_speed else [
-            f"speed:{sysname}:{sh.label}" for sh in shapes])
+    for group, jobs in job_groups(systems, shapes, args, dry).items():
         jobs = [j for j in jobs if j not in results]
         if jobs:
-            print(f"== {sysname}: {len(jobs)} job(s), {deadline - time.time():.0f} s left", flush=True)
+            print(f"== {group}: {len(jobs)} job(s), {deadline - time.time():.0f} s left", flush=True)
             results.update(C.run_jobs(C.worker_cmd(SCRIPT, cfg), jobs, deadline, env, log))
             report.save()
     if args.cold:
@@ -364,13 +521,15 @@ def main(argv: list[str] | None = None) -> int:
                 report.save()
 
     speed, cold, acc = summarise(results, shapes, systems, dtype_bytes=4 if dry else 2)
-    report.data.update(speed=speed, cold=cold, accuracy=acc, same_inputs=C.same_inputs(results, input_group))
+    decode = decode_rows(results)
+    report.data.update(speed=speed, cold=cold, accuracy=acc, decode=decode,
+                       same_inputs=C.same_inputs(results, input_group))
     png = report.path.with_suffix(".png")
     m = report.data["machine"]
     report.data["png"] = plot(speed, png, f"chunk_rwkv7 {cfg['dtype']} fwd+bwd, {m.get('gpu', device)}, torch {m['torch']}, "
                                           f"Triton {m['triton']}, {m['date']}") or str(png)
     report.save()
-    print("\n" + tables(speed, cold, acc, cfg["dtype"]))
+    print("\n" + tables(speed, cold, acc, cfg["dtype"], decode))
     print(f"\nsame inputs across systems: {report.data['same_inputs']}")
     print(f"wrote {report.path}" + (f" and {png}" if png.exists() else f" ({report.data['png']})"))
     return 0
@@ -392,6 +551,19 @@ DEFINITIONS = {
                   "dplr-gen with DPLR_GEN_NO_JIT=1; in it, first_fwd_s and first_bwd_s: the first forward and the "
                   "first loss.backward() of <o,do> + <ht,dht> (the training-loop form; autograd.grad with "
                   "grad_outputs would import sympy, seconds of torch's own)",
+    "call_forms": "varlen shapes name how cu_seqlens is passed: -int64 / -int32 its dtype, one tensor reused by "
+                  "every call (every layer of a model), -fresh a new tensor copied from the host each call (a data "
+                  "loader's); never cu_seqlens_cpu (fla's layer does not pass it)",
+    "wall_fwd_bwd_ms": "host-bound shape: wall time per fwd+bwd of 50 calls back to back (synchronised before and "
+                       "after); graph_fwd_bwd_ms: the same step captured in a CUDA graph, median replay (device time)",
+    "decode": "fused recurrent step, T=1, H=32, D=64, bf16 RWKV-7 inputs, fp32 state in and out, inference mode: "
+              "bench_ms do_bench median; wall_ms per call of 200 back to back; graph_ms CUDA graph replay; "
+              "graph_replay_matches: a replay from a saved state equals the eager step from it, bit for bit. "
+              "Forms: fused (fused_recurrent_rwkv7, a and b given), mul (fused_mul_recurrent_rwkv7, kk and a given: "
+              "fla's RWKV-7 layer's decoding call), pool (dplr-gen's mul form with ssm_state_indices into a pool of "
+              "2B slots, states read and written in place)",
+    "wind-cuda": "the hand-written CUDA kernel takes its own input form, made before timing: w as log(-w), h0 and "
+                 "dht transposed to [V, K] and bf16; its accuracy is not measured here",
     "inputs": "RWKV-7: w in (-0.6065,0) log-decay (fla's w), a=-kk, b=kk*iclr, k*K^-0.5, h0=0.5 randn, scale=1; "
               "same seed -> same tensors for every system (checksums recorded); workers run with DPLR_GEN_NO_JIT=1",
 }

@@ -153,13 +153,15 @@ def machine_info(device: str = "cuda") -> dict[str, Any]:
 @dataclass(frozen=True)
 class System:
     name: str
-    impl: str  # "dplr" or "fla"
+    impl: str  # "dplr", "fla" or "wind" (the hand-written CUDA kernel, built on the GPU machine)
     label: str
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     @property
     def cu_dtype(self) -> str:
-        return "int32" if self.impl == "dplr" else "int64"  # each its documented/native type
+        """cu_seqlens' dtype where a shape does not name one: int64, fla-core's type hint (and the CUDA kernel's
+        requirement), for every system."""
+        return "int64"
 
 
 SYSTEMS: dict[str, System] = {
@@ -172,8 +174,12 @@ SYSTEMS: dict[str, System] = {
         System("fla-best", "fla", "fla-core chunk_rwkv7, chunk_size=64, lower_bound=-0.61",
                (("chunk_size", 64), ("lower_bound", GATE_BOUND))),
         System("fla-default", "fla", "fla-core chunk_rwkv7, defaults (chunk 16)"),
+        System("wind-cuda", "wind", "the hand-written chunked bf16 CUDA kernel (Johan Wind's wind_rwkv, "
+               "chunked_cuda / chunked_cuda_varlen; no gate promise; needs every length a multiple of 16)"),
     )
 }
+# where the CUDA peer's source is (a checkout of github.com/johanwind/wind_rwkv, never part of this repository)
+WIND_DIR_ENV = "DPLR_BENCH_WIND_DIR"
 BASELINE = "fla-best"
 
 
@@ -218,9 +224,57 @@ def limit_autotune_configs(n: int) -> None:
     base._dplr_limited = n  # type: ignore[attr-defined]
 
 
-def load_op(system: System, package: str | Path) -> tuple[Op, dict[str, Any]]:
+def load_wind(head_size: int, varlen: bool) -> Any:
+    """The CUDA peer's module for ``head_size`` (its extension compiled by torch.utils.cpp_extension on first
+    use, cached in TORCH_EXTENSIONS_DIR; one head size per process, its own rule)."""
+    import importlib
+
+    root = os.environ.get(WIND_DIR_ENV)
+    if not root or not Path(root, "wind_rwkv").is_dir():
+        raise ImportError(f"the CUDA peer is not here: set {WIND_DIR_ENV} to a checkout of "
+                          "github.com/johanwind/wind_rwkv (scripts/run_gpu.sh does)")
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    name = "chunked_cuda_varlen" if varlen else "chunked_cuda"
+    mod = importlib.import_module(f"wind_rwkv.rwkv7.{name}")
+    getattr(mod, f"load_{name}")(head_size)
+    return mod
+
+
+def native_inputs(system: System, x: dict[str, Any], do: Any, dht: Any) -> tuple[dict[str, Any], Any, Any]:
+    """Inputs in the system's own form, made once before timing. The CUDA peer takes w as log(-log decay)
+    (its decay is exp(-exp(w))), the states transposed ([V, K] per head) and in bf16; the others take them
+    as they are."""
+    if system.impl != "wind":
+        return x, do, dht
+    import torch
+
+    y = dict(x)
+    y["w"] = torch.log(-x["w"].float()).to(x["w"].dtype)
+    y["h0"] = x["h0"].transpose(-1, -2).contiguous().to(x["r"].dtype)
+    return y, do, dht.transpose(-1, -2).contiguous().to(x["r"].dtype)
+
+
+def load_op(system: System, package: str | Path, head_size: int | None = None,
+            varlen: bool = False) -> tuple[Op, dict[str, Any]]:
     """``op(x, cu, cu_cpu) -> (o, ht)`` calling the system's chunk_rwkv7 with output_final_state=True, and a
-    record of what was called. Raises ImportError (fla) or the package's own error (dplr) if unusable."""
+    record of what was called. Raises ImportError (fla, the CUDA peer) or the package's own error (dplr) if
+    unusable. ``head_size``, ``varlen``: what the CUDA peer is built for."""
+    if system.impl == "wind":
+        mod = load_wind(int(head_size or 64), varlen)
+        info = {"callable": f"wind_rwkv.rwkv7.{mod.__name__.rsplit('.', 1)[-1]}", "head_size": head_size,
+                "source": os.environ.get(WIND_DIR_ENV)}
+
+        def wind_op(x: Mapping[str, Any], cu: Any = None, cu_cpu: Any = None) -> tuple[Any, Any]:
+            args = [x[n] for n in ("r", "w", "k", "v", "a", "b")]
+            if cu is None:
+                return mod.attn_chunked_cuda(*args, x["h0"])
+            if cu.dtype != __import__("torch").int64:
+                raise TypeError("the CUDA peer takes cu_seqlens as int64 only")
+            y, sT = mod.attn_chunked_cuda_varlen(*(t[0] for t in args), x["h0"], cu)
+            return y.unsqueeze(0), sT
+
+        return wind_op, info
     if system.impl == "dplr":
         from dplr_gen.runtime import ops
         from dplr_gen.runtime.loader import package_at
@@ -288,10 +342,15 @@ class Shape:
     D: int
     lengths: tuple[int, ...] | None = None  # varlen: sequences laid end to end (B = 1)
     name: str = ""
+    # varlen call forms: cu_seqlens' dtype (None: the system's, int64), and a new tensor each call (a data
+    # loader's: copied from the host every step) instead of one tensor reused
+    cu_dtype: str | None = None
+    fresh_cu: bool = False
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.B}x{self.T}x{self.H}x{self.D}"
+        base = self.name or f"{self.B}x{self.T}x{self.H}x{self.D}"
+        return base + (f"-{self.cu_dtype}" if self.cu_dtype else "") + ("-fresh" if self.fresh_cu else "")
 
     @property
     def N(self) -> int:
@@ -458,20 +517,55 @@ def fwd_loss_backward(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any 
 
 
 def step_closures(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None,
-                  cu_cpu: Any = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+                  cu_cpu: Any = None, fresh_cu: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(forward, forward+backward) as the speed measurements time them: the op on the leaves ``xl``, then
-    torch.autograd.grad of <o, do> + <ht, dht> w.r.t. every input leaf (nothing accumulated into .grad)."""
+    torch.autograd.grad of <o, do> + <ht, dht> w.r.t. every input leaf (nothing accumulated into .grad).
+    ``fresh_cu``: each call gets a new cu_seqlens tensor, copied from ``cu_cpu`` (a data loader's step)."""
     import torch
 
     leaves = [xl[n] for n in INPUTS if xl.get(n) is not None]
 
+    def boundaries() -> Any:
+        return cu_cpu.to(cu.device) if fresh_cu and cu is not None else cu
+
     def fwd() -> Any:
-        return op(xl, cu, cu_cpu)
+        return op(xl, boundaries())
 
     def fwd_bwd() -> Any:
-        return torch.autograd.grad(op(xl, cu, cu_cpu), leaves, (do, dht))
+        return torch.autograd.grad(op(xl, boundaries()), leaves, (do, dht))
 
     return fwd, fwd_bwd
+
+
+def wall_ms(fn: Callable[[], Any], device: Any, n: int = 50) -> float:
+    """Wall time per call of ``n`` calls back to back (the device synchronised before and after): the host's
+    time per call where the host bounds the work, the device's where the device does."""
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def graph_ms(fn: Callable[[], Any], device: Any, warmup: int = 10, rep: int = 50) -> tuple[float, Any, Any]:
+    """(median ms of replaying ``fn`` captured in a CUDA graph, the captured outputs, the graph): the device's
+    time of one call without the host's. Warmed up on a side stream first, as capture requires."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    sync(device)
+    return bench_ms(g.replay, device, warmup, rep), out, g
 
 
 def reference(x: Mapping[str, Any], do: Any, dht: Any, lengths: Sequence[int] | None = None,

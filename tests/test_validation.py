@@ -117,3 +117,48 @@ def test_cpu_without_interpreter_is_refused(pkg, monkeypatch: pytest.MonkeyPatch
     x = rwkv7_inputs(1, 8, 2, 32, dtype=torch.float32)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         pkg.target_for(x["q"].device)
+
+
+def test_fast_check_accepts_exactly_what_the_named_checks_accept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-pass check of CUDA inputs (ops._tensors_agree) passes only inputs that the per-argument checks pass
+    too: every case the named checks refuse, it refuses (and the call then takes the named checks). CPU tensors
+    posing as CUDA ones: the property it reads of the device is get_device()."""
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0 if not getattr(t, "_elsewhere", False) else 1)
+    names = ("q", "k", "v", "a", "b", "gk")
+
+    def case(**edit: Any) -> tuple[Any, ...]:
+        x = rwkv7_inputs(1, 8, 2, 32, dtype=torch.float16)
+        x.pop("initial_state")
+        x["gk"] = x["gk"].float()  # a float32 gate is allowed
+        x.update(edit)
+        return tuple(x[n] for n in names)
+
+    good = case()
+    assert ops._tensors_agree(good)
+    ops._check_tensors(names, good)
+    elsewhere = torch.zeros(1, 8, 2, 32, dtype=torch.float16)
+    elsewhere._elsewhere = True  # type: ignore[attr-defined]
+    bad = [
+        case(k=torch.zeros(1, 8, 2, 16, dtype=torch.float16)),  # shape
+        case(v=torch.zeros(1, 7, 2, 32, dtype=torch.float16)),  # v's B, T, H
+        case(v=torch.zeros(1, 8, 2, 300, dtype=torch.float16)),  # V out of range
+        case(q=torch.zeros(1, 8, 2, 8, dtype=torch.float16), k=torch.zeros(1, 8, 2, 8, dtype=torch.float16),
+             a=torch.zeros(1, 8, 2, 8, dtype=torch.float16), b=torch.zeros(1, 8, 2, 8, dtype=torch.float16),
+             gk=torch.zeros(1, 8, 2, 8)),  # K out of range
+        case(a=torch.zeros(1, 8, 2, 32, dtype=torch.bfloat16)),  # dtype
+        case(gk=torch.zeros(1, 8, 2, 32, dtype=torch.bfloat16)),  # gate dtype
+        case(q=torch.zeros(1, 8, 2, 32, dtype=torch.float64), k=torch.zeros(1, 8, 2, 32, dtype=torch.float64)),
+        case(b=elsewhere),  # another device
+        case(v=[0.0]),  # not a tensor
+    ]
+    for i, t in enumerate(bad):
+        assert not ops._tensors_agree(t), i
+    # the named checks refuse them too (each with the argument's name); the device case needs real devices
+    for i, t in enumerate(bad[:-2]):
+        with pytest.raises((ValueError, TypeError)):
+            ops._check_tensors(names, t)
+    x0 = case()
+    empty = tuple(torch.zeros(1, 0, *t.shape[2:], dtype=t.dtype) for t in x0)
+    assert not ops._tensors_agree(empty)
+    with pytest.raises(ValueError, match="T = 0"):
+        ops._check_tensors(names, empty)

@@ -38,14 +38,28 @@ TORCH_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
 # argument checks: every message names the argument and what would be valid
 
 
-def _check_inputs(
-    names: tuple[str, ...],
-    tensors: tuple[Any, ...],
-    scale: Any,
-    initial_state: Any,
-    cu_seqlens: Any,
-    cu_seqlens_cpu: Any,
-) -> dict[str, Any]:
+def _tensors_agree(tensors: tuple[Any, ...]) -> bool:
+    """The common case of the input checks, in few attribute reads (a decode step's host time is mostly checks
+    like these): six tensors, q, k, a, b, gk of one 4-D shape with T > 0 and head dims in range, v matching
+    them, one device and q's dtype (gk's may be float32)."""
+    q, k, v, a, b, g = tensors
+    if not all(type(t) is torch.Tensor or isinstance(t, torch.Tensor) for t in tensors):
+        return False
+    shape, dt, dev = q.shape, q.dtype, q.get_device()
+    vs = v.shape
+    # (get_device() is -1 for every device but CUDA's: CPU tensors take the named checks)
+    return (dev >= 0 and len(shape) == 4 and shape[1] > 0 and k.shape == shape and a.shape == shape and b.shape == shape
+            and g.shape == shape and len(vs) == 4 and vs[:3] == shape[:3] and dt in DTYPE_NAMES
+            and k.dtype == dt and v.dtype == dt and a.dtype == dt and b.dtype == dt
+            and (g.dtype == dt or g.dtype == torch.float32)
+            and HEAD_DIM_MIN <= shape[3] <= HEAD_DIM_MAX and HEAD_DIM_MIN <= vs[3] <= HEAD_DIM_MAX
+            and k.get_device() == dev and v.get_device() == dev and a.get_device() == dev
+            and b.get_device() == dev and g.get_device() == dev)
+
+
+def _check_tensors(names: tuple[str, ...], tensors: tuple[Any, ...]
+                   ) -> tuple[int, int, int, int, int, torch.device]:
+    """The input tensors checked one property at a time, each failure named: (B, T, H, K, V, device)."""
     q_name, k_name, v_name, a_name, b_name, g_name = names
     for n, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
@@ -77,10 +91,28 @@ def _check_inputs(
             raise TypeError(f"{n} has dtype {t.dtype} but {q_name} has {dt}: {', '.join(names[:5])} must share one")
     if g.dtype not in (dt, torch.float32):
         raise TypeError(f"{g_name} has dtype {g.dtype}; it must be {dt} (like {q_name}) or float32")
+    return B, T, H, K, V, dev
+
+
+def _check_inputs(
+    names: tuple[str, ...],
+    tensors: tuple[Any, ...],
+    scale: Any,
+    initial_state: Any,
+    cu_seqlens: Any,
+    cu_seqlens_cpu: Any,
+) -> dict[str, Any]:
+    if _tensors_agree(tensors):
+        B, T, H, K = tensors[0].shape
+        V = tensors[2].shape[3]
+        dev = tensors[0].device
+    else:
+        B, T, H, K, V, dev = _check_tensors(names, tensors)
     if scale is None:
         scale = K**-0.5
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise TypeError(f"scale must be a finite float or None (meaning K**-0.5), got {scale!r}")
+    q_name = names[0]
 
     offsets: tuple[int, ...] | None = None
     if cu_seqlens is not None:
