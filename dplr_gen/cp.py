@@ -5,7 +5,7 @@ packed batch (B = 1); rank r holds tokens [r T_local, (r + 1) T_local) of it, T_
 calls ``chunk_rwkv7(..., cp_context=ctx)`` / ``chunk_dplr_delta_rule(..., cp_context=ctx)`` on its [1, T_local, H, K]
 tensors (no ``cu_seqlens``: the context holds the rank's own).
 
-How (MATH.md's recurrence): a rank's slice of a sequence maps the state entering it affinely to the state leaving it,
+How (docs/math.md): a rank's slice of a sequence maps the state entering it affinely to the state leaving it,
 S_out = P S_in + L. Forward: each rank writes the summary [L | P] ([H, K, V + K] fp32) of the sequence leaving it
 (the sequence's final state here and P = 0 where that sequence starts on this rank, so that the fold restarts there
 with its initial state), one all_gather, then each rank folds its predecessors' summaries into the state entering

@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of the DPLR delta rule (../shared/MATH.md), one step at a time.
+"""Pure-PyTorch reference of the DPLR delta rule (docs/math.md, "The recurrence"), one step at a time.
 
 It is the ground truth every kernel is tested against: run it on float64 inputs and it is exact to rounding.
 It is differentiable with plain autograd, so reference gradients come from ``torch.autograd.grad``.

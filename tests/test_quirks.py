@@ -29,14 +29,14 @@ def _entry(**over: Any) -> dict[str, Any]:
 
 def test_shipped_registry_loads_and_is_cached() -> None:
     qs = qr.load_quirks()
-    assert len(qs) >= 9  # every row of FACTS.md's table, plus the sm_100/sm_120 targeting entries
+    assert len(qs) >= 9  # the known compiler failures, plus the sm_100/sm_120 targeting entries
     assert qr.load_quirks() is qs
     assert len({q.id for q in qs}) == len(qs)
     effects = {q.effect for q in qs}
     assert effects == {"abort", "miscompile", "compile_error", "hang"}
 
 
-def test_every_facts_row_is_encoded() -> None:
+def test_every_known_compiler_failure_is_encoded() -> None:
     ids = {q.id for q in qr.load_quirks()}
     assert {
         "hopper-mma-to-mma-abort",

@@ -2,7 +2,7 @@
 
 The chunk template (dplr_gen/render/templates/chunk_dplr.py.jinja) renders from a ``ChunkPlan`` (its ``plan``)
 and decides nothing itself; the driver reads the same values back from the tables the template emits
-(CONSTEXPRS, OPTIONS, LAUNCH). Equations: docs/chunk_algorithm.md and MATH.md.
+(CONSTEXPRS, OPTIONS, LAUNCH). Equations: docs/chunk_algorithm.md and docs/math.md.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class _Dispatcher:
     """``dplr_gen.<op>``: picks, per call, the built package whose targets cover the inputs' device."""
 
     def package_for(self, device: torch.device) -> SpecPackage:
-        # the answer per (device, DPLR_GEN_SPEC) is kept: listing generated/ on every op call cost ~70 us (CPU box)
+        # the answer per (device, DPLR_GEN_SPEC) is kept: listing generated/ on every op call cost ~70 us (on a CPU)
         return self._package_for(device, os.environ.get(SPEC_ENV) or None)
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - one dispatcher per process (default_package)
