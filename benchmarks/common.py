@@ -24,6 +24,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -235,6 +236,9 @@ def load_wind(head_size: int, varlen: bool) -> Any:
                           "github.com/johanwind/wind_rwkv (scripts/run_gpu.sh does)")
     if root not in sys.path:
         sys.path.insert(0, root)
+    # a build folder per head size: torch keys its extension builds by name alone, and the name is the peer's
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path(tempfile.gettempdir()) / "torch_extensions")
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(base.split("/wind-d")[0]) / f"wind-d{head_size}")
     name = "chunked_cuda_varlen" if varlen else "chunked_cuda"
     mod = importlib.import_module(f"wind_rwkv.rwkv7.{name}")
     getattr(mod, f"load_{name}")(head_size)

@@ -6,6 +6,9 @@
 #     minutes a shape. DPLR_BENCH_FLA_AUTOTUNE tells bench.py which archive (recorded in its JSON).
 #   save_fla_autotune: the cache as it stands goes to $OUT/fla_autotune.tgz (commit it over the old archive
 #   when it has grown).
+#   * the hand-written CUDA kernel, a benchmark peer, where a checkout of github.com/johanwind/wind_rwkv was
+#     carried in .peer/wind_rwkv (never part of this repository): DPLR_BENCH_WIND_DIR points at it, and
+#     build_peer compiles its extensions (per head size, dense and varlen) in the background.
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || echo "WARNING: wheel install failed"
@@ -25,4 +28,16 @@ save_fla_autotune() {
   if [ -d "$TRITON_CACHE" ]; then
     (cd "$TRITON_CACHE" && find . -name '*.autotune.json' | tar czf "$OUT/fla_autotune.tgz" -T -)
   fi
+}
+
+if [ -d .peer/wind_rwkv/wind_rwkv ]; then
+  export DPLR_BENCH_WIND_DIR="$PWD/.peer/wind_rwkv" TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}"
+fi
+
+build_peer() {  # background compiles of the CUDA peer's extensions; `wait` for them
+  [ -n "${DPLR_BENCH_WIND_DIR:-}" ] || return 0
+  for d in 64 128; do
+    python3 -c "from benchmarks import common as C; C.load_wind($d, False); C.load_wind($d, True)" \
+      > "$OUT/peer_build_d$d.log" 2>&1 &
+  done
 }

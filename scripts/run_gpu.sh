@@ -2,7 +2,11 @@
 # One command on the GPU machine: install the carried wheels, build the hopper package, run the checks and/or
 # the benchmark. Everything is logged to $OUT/run_gpu_<mode>.log; results land in $OUT (see the scripts).
 #
-#   scripts/run_gpu.sh check|bench|all [extra arguments for gpu_check.py (check) or bench.py (bench)]
+#   scripts/run_gpu.sh check|bench|graphs|cold|all [extra arguments for gpu_check.py (check) or bench.py (bench)]
+#
+# graphs: scripts/cuda_graph_check.py (every op form captured and replayed); cold: scripts/cold_start.py.
+# bench runs the hand-written CUDA kernel beside the others where .peer/wind_rwkv holds its source
+# (scripts/gpu_setup.sh).
 #
 # BUDGET (seconds, default 570) bounds the whole command, build included: the scripts get a deadline and write
 # what they have by then. With `all`, the check gets half of what is left after the build, the bench the rest.
@@ -10,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
 shift || true
-case "$MODE" in check|bench|all) ;; *) echo "usage: $0 check|bench|all [args]" >&2; exit 2 ;; esac
+case "$MODE" in check|bench|graphs|cold|all) ;; *) echo "usage: $0 check|bench|graphs|cold|all [args]" >&2; exit 2 ;; esac
 
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET:-570}))
@@ -27,6 +31,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 python3 -c "import fla; print('fla-core importable')" 2>/dev/null || echo "fla-core NOT importable: fla systems will be recorded as unavailable"
 
+[ "$MODE" = bench ] || [ "$MODE" = all ] && build_peer
 echo "== build specs/hopper.yaml"
 t0=$(date +%s)
 python3 -m dplr_gen.cli build specs/hopper.yaml -j 16
@@ -38,7 +43,12 @@ case "$MODE" in
   check)
     python3 scripts/gpu_check.py --deadline "$DEADLINE" "$@" ;;
   bench)
+    wait  # the peer's extensions
     python3 benchmarks/bench.py --deadline "$DEADLINE" "$@" ;;
+  graphs)
+    python3 scripts/cuda_graph_check.py "$@" ;;
+  cold)
+    python3 scripts/cold_start.py "$@" ;;
   all)
     python3 scripts/gpu_check.py --deadline $((now + (DEADLINE - now) / 2))
     python3 benchmarks/bench.py --deadline "$DEADLINE" ;;
