@@ -395,25 +395,25 @@ def plot(speed: list[dict[str, Any]], path: Path, title: str) -> str | None:
     return None
 
 
-DEFAULT_SYSTEMS = ("dplr-fast", "dplr-generic", "fla-best", "wind-cuda")
+DEFAULT_SYSTEMS = ("dplr-fast", "fla-best", "dplr-generic", "wind-cuda")
 
 
 def job_groups(systems: list[str], shapes: list[C.Shape], args: Any, dry: bool) -> dict[str, list[str]]:
     """The jobs, grouped by the worker process that runs them: one per system, the CUDA peer one per head
     size (its extension is built for one), and the decode steps one per library."""
     groups: dict[str, list[str]] = {}
+    if not args.no_decode:  # first: short, and host-bound (least disturbed by the compiles still going on)
+        impls = {C.SYSTEMS[s].impl for s in systems}
+        for impl, forms in DECODE_FORMS.items():
+            if impl in impls:
+                groups[f"{impl} decode"] = [f"decode:{impl}-{f}:{B}" for B in ((1, 2) if dry else DECODE_BATCHES)
+                                            for f in forms]
     for sysname in systems:
         wind = C.SYSTEMS[sysname].impl == "wind"
         if not args.no_accuracy and not wind:
             groups.setdefault(sysname, []).append(f"acc:{sysname}")
         for sh in ([] if args.no_speed else shapes):
             groups.setdefault(f"{sysname} D={sh.D}" if wind else sysname, []).append(f"speed:{sysname}:{sh.label}")
-    if not args.no_decode:
-        impls = {C.SYSTEMS[s].impl for s in systems}
-        for impl, forms in DECODE_FORMS.items():
-            if impl in impls:
-                groups[f"{impl} decode"] = [f"decode:{impl}-{f}:{B}" for B in ((1, 2) if dry else DECODE_BATCHES)
-                                            for f in forms]
     return groups
 
 

@@ -240,7 +240,7 @@ def load_wind(head_size: int, varlen: bool) -> Any:
     base = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path(tempfile.gettempdir()) / "torch_extensions")
     os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(base.split("/wind-d")[0]) / f"wind-d{head_size}")
     name = "chunked_cuda_varlen" if varlen else "chunked_cuda"
-    mod = importlib.import_module(f"wind_rwkv.rwkv7.{name}")
+    mod = importlib.import_module(f"wind_rwkv.rwkv7.{name}.{name}")
     getattr(mod, f"load_{name}")(head_size)
     return mod
 

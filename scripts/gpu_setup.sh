@@ -34,10 +34,16 @@ if [ -d .peer/wind_rwkv/wind_rwkv ]; then
   export DPLR_BENCH_WIND_DIR="$PWD/.peer/wind_rwkv" TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}"
 fi
 
-build_peer() {  # background compiles of the CUDA peer's extensions; `wait` for them
+PEER_PIDS=""
+build_peer() {  # background compiles of the CUDA peer's extensions; wait_peer waits for them
   [ -n "${DPLR_BENCH_WIND_DIR:-}" ] || return 0
   for d in 64 128; do
     python3 -c "from benchmarks import common as C; C.load_wind($d, False); C.load_wind($d, True)" \
       > "$OUT/peer_build_d$d.log" 2>&1 &
+    PEER_PIDS="$PEER_PIDS $!"
   done
+}
+
+wait_peer() {  # (a bare `wait` would also wait for the log's tee)
+  for p in $PEER_PIDS; do wait "$p" || echo "the CUDA peer's build failed: $OUT/peer_build_*.log"; done
 }

@@ -43,7 +43,7 @@ case "$MODE" in
   check)
     python3 scripts/gpu_check.py --deadline "$DEADLINE" "$@" ;;
   bench)
-    wait  # the peer's extensions
+    wait_peer
     python3 benchmarks/bench.py --deadline "$DEADLINE" "$@" ;;
   graphs)
     python3 scripts/cuda_graph_check.py "$@" ;;
