@@ -20,7 +20,7 @@ from .helpers import reference_with_grads
 
 SPEC = """
 name: old_release_forms
-targets: [sm_90]
+targets: [sm_80, sm_90]
 variants:
   - ops: [chunk]
     dtypes: [fp16, bf16]
@@ -52,24 +52,25 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {v: _package(tmp, v) for v in ("3.1.0", "3.2.0", "3.6.0")}
 
 
-def _source(plan, name_part: str) -> str:  # type: ignore[no-untyped-def]
-    (rel,) = [r for r in plan.unit_files.values() if name_part in r]
-    return plan.files[rel]
+def _sources(plan, name_part: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """The rendered sources of the units whose file name holds ``name_part``, one per target."""
+    rels = [r for r in plan.unit_files.values() if name_part in r]
+    assert len(rels) == 2, rels  # sm_80 and sm_90
+    return [plan.files[r] for r in rels]
 
 
 @pytest.mark.parametrize("version, split", [("3.1.0", True), ("3.2.0", True), ("3.6.0", False)])
 def test_fp16_any_gate_prep_dots_split_on_old_releases_only(packages: dict, version: str, split: bool) -> None:
-    """Triton 3.1 and 3.2 abort on sm_90 compiling the fp16 any-gate prep's tf32x3 dots (quirk
-    hopper-tf32x3-branch-abort): there the preps' products are three tf32 dots over split operands, and the
+    """Triton 3.1 and 3.2 abort on sm_80 to sm_90 compiling the fp16 any-gate prep's tf32x3 dots (quirk
+    tf32x3-branch-abort-old-triton): there the preps' products are three tf32 dots over split operands, and the
     other kernels keep the native form; bf16 variants (tf32 dots) and newer releases render as before."""
     plan, _ = packages[version]
-    fp16 = _source(plan, "chunk_fp16_")
-    bf16 = _source(plan, "chunk_bf16_")
-    assert ("return _dot_tf32x3(" in fp16) == split
-    assert ("hopper-tf32x3-branch-abort" in fp16.splitlines()[1]) == split  # the header names the quirk
-    assert "_dot_tf32x3" not in bf16
-    # the token pass and the state passes keep tl.dot with input_precision=PREC
-    assert "def _dot(x, y):\n    return tl.dot(x, y, input_precision=PREC)" in fp16
+    for fp16, bf16 in zip(_sources(plan, "chunk_fp16_"), _sources(plan, "chunk_bf16_")):
+        assert ("return _dot_tf32x3(" in fp16) == split
+        assert ("tf32x3-branch-abort-old-triton" in fp16.splitlines()[1]) == split  # the header names the quirk
+        assert "_dot_tf32x3" not in bf16
+        # the token pass and the state passes keep tl.dot with input_precision=PREC
+        assert "def _dot(x, y):\n    return tl.dot(x, y, input_precision=PREC)" in fp16
 
 
 def test_split_form_computes_what_the_native_form_does(packages: dict) -> None:
