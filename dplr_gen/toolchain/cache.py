@@ -39,6 +39,12 @@ def entry_dir(key: str, triton_version: str, root: Path | None = None) -> Path:
     return (root or cache_root()) / f"triton-{triton_version}" / key[:2] / key
 
 
+def present(key: str, triton_version: str, root: Path | None = None) -> bool:
+    """Whether the entry is complete: one stat of its meta.json, cheap enough to check every kernel of a spec
+    whenever a status says "built"."""
+    return (entry_dir(key, triton_version, root) / META).is_file()
+
+
 def read_entry(key: str, triton_version: str, root: Path | None = None) -> dict[str, Any] | None:
     """The entry's metadata, or None if it is absent or incomplete."""
     meta = entry_dir(key, triton_version, root) / META
