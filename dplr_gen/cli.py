@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -21,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .spec.models import SpecError
+from .toolchain import settings
 
 
 class _FlagsWithoutType:
@@ -79,7 +82,25 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 
 
 def _command(name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return app.command(name, cls=_Command)
+    """A command that first warns about DPLR_GEN_* variables dplr-gen does not read (a misspelt setting is
+    otherwise ignored silently) and reports a setting's bad value as a usage error, not a traceback."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)  # Typer reads the parameters and the help through __wrapped__
+        def run(*args: Any, **kwargs: Any) -> Any:
+            for line in settings.unknown():
+                _say(err, ("warning:", "yellow"), f" {line}")
+            with warnings.catch_warnings():  # said above: the run time's own warning would repeat it
+                warnings.simplefilter("ignore", settings.SettingWarning)
+                settings.warn_unknown()
+            try:
+                return fn(*args, **kwargs)
+            except settings.SettingError as e:
+                raise _fail(str(e)) from None
+
+        return app.command(name, cls=_Command)(run)
+
+    return register
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -343,7 +364,7 @@ def doctor() -> None:
             rows.append((dist, Text("not installed", style="red")))
     rows.append(("ptxas", _ptxas_version()))
     rows.append(("GPU", _gpus()))
-    rows.append(("cache", str(cache_root())))
+    rows.append(("cache", _or_problem(lambda: str(cache_root()))))
     try:
         from .toolchain.launch_stubs import kept_driver_modules
         from .toolchain.triton_versions import triton_version
@@ -352,7 +373,7 @@ def doctor() -> None:
                      f"Triton in the cache" + ("" if keeps_stubs() else f" ({KEEP_STUBS_ENV}=0: not used)")))
     except Exception as e:  # doctor reports, it does not fail
         rows.append(("launch stubs", f"unknown ({e})"))
-    rows.append(("DPLR_GEN_NO_JIT", os.environ.get("DPLR_GEN_NO_JIT", "unset (run-time JIT allowed)")))
+    rows.append(("settings", _settings_state()))
     specs_dir = GENERATED.parent / "specs"
     rows.append(("spec files", ", ".join(p.name for p in sorted(specs_dir.glob("*.yaml"))) or "none"))
     rows.append((f"specs under {GENERATED.name}/", _generated_specs(GENERATED)))
@@ -362,6 +383,32 @@ def doctor() -> None:
     for what, value in rows:  # values are paths, versions, library text: never markup
         table.add_row(Text(what), value if isinstance(value, Text) else Text(value))
     out.print(table)
+
+
+def _or_problem(value: Callable[[], str]) -> str | Text:
+    try:
+        return value()
+    except settings.SettingError as e:  # doctor reports, it does not fail
+        return Text(str(e), style="red")
+
+
+def _settings_state() -> Text:
+    """Each DPLR_GEN_* variable set, with what is wrong with it; DPLR_GEN_SPEC as the run time finds it."""
+    from .runtime.loader import GENERATED, SPEC_ENV, all_packages
+
+    lines = []
+    for name in sorted(n for n in os.environ if n.startswith(settings.PREFIX)):
+        line = Text(f"{name}={os.environ[name]!r}: ok")
+        problem = next((u for u in settings.unknown() if u.startswith(f"{name} ")), "")
+        try:
+            if not problem and name == SPEC_ENV:
+                all_packages(GENERATED)
+            elif not problem:
+                settings.check(name)
+        except Exception as e:  # doctor reports, it does not fail
+            problem = str(e)
+        lines.append(Text(problem, style="red") if problem else line)  # a problem names the variable and value
+    return Text("\n").join(lines) if lines else Text("none set (DPLR_GEN_NO_JIT unset: run-time JIT allowed)")
 
 
 def _gpus() -> str:
@@ -411,8 +458,8 @@ def clean(
                                     "Triton release, on-demand variants, launch stubs) and every manifest under "
                                     "generated/"),
 ) -> None:
-    """Remove build products: a spec's manifest and the cached kernels that no other built spec uses (kernels are
-    shared by content), or with --all the whole cache. Rendered sources stay."""
+    """Remove build products: a spec's manifest and the cached kernels no other built spec uses; --all: the whole
+    cache. Rendered sources stay. (Kernels are cached by content, so specs share them.)"""
     from .toolchain import build as b
     from .toolchain import clean as c
     from .toolchain.cache import cache_root

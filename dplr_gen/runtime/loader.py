@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..toolchain import cache
+from ..toolchain import cache, settings
 from ..toolchain.compile import import_source
 from ..plan.variant import Variant
 
@@ -36,7 +36,10 @@ class UnsupportedDeviceError(RuntimeError):
 
 
 def env_flag(name: str, default: bool) -> bool:
-    """An on/off environment variable: unset -> ``default``; empty or "0" -> off; anything else -> on."""
+    """An on/off environment variable: unset -> ``default``; empty or "0" -> off; anything else -> on. dplr-gen's
+    own (DPLR_GEN_*) take "1" and nothing else for on: another value is a SettingError naming the variable."""
+    if name.startswith(settings.PREFIX):
+        return settings.flag(name, default)
     value = os.environ.get(name)
     return default if value is None else value not in ("", "0")
 
@@ -181,6 +184,7 @@ class SpecPackage:
     """One generated/<spec>/ folder: its index, its manifest, and the kernel sets it can provide."""
 
     def __init__(self, directory: Path) -> None:
+        settings.warn_unknown()  # once per process: a misspelt DPLR_GEN_* name would be ignored silently
         self.dir = directory
         # the ops key their caches on this string: formed once here, never by str(Path) inside a traced region
         # (dynamo cannot trace pathlib's __str__ on Python 3.12)

@@ -20,12 +20,14 @@ from typing import Any, Iterator
 import platformdirs
 from filelock import FileLock
 
+from . import settings
+
 META = "meta.json"
 
 
 def cache_root() -> Path:
-    env = os.environ.get("DPLR_GEN_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("dplr-gen"))
+    """DPLR_GEN_CACHE_DIR (a folder, made absolute: manifests record it), else the user's cache folder."""
+    return settings.directory("DPLR_GEN_CACHE_DIR") or Path(platformdirs.user_cache_dir("dplr-gen"))
 
 
 def cache_key(**parts: Any) -> str:
