@@ -47,7 +47,10 @@ def register(manifest_path: Path, root: Path) -> None:
     the build once the manifest is written), so that cleaning another spec keeps them."""
     path = str(manifest_path.resolve())
     name = hashlib.sha256(path.encode()).hexdigest()[:24]
-    cache.atomic_write_text(root / REGISTRY / f"{name}.json", json.dumps({"manifest": path}) + "\n")
+    try:
+        cache.atomic_write_text(root / REGISTRY / f"{name}.json", json.dumps({"manifest": path}) + "\n")
+    except OSError:  # a cache shared read-only: its owner's cleans cannot know this package, the build still stands
+        pass
 
 
 def known_manifests(root: Path, generated: Path) -> list[Path]:
