@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -17,8 +20,10 @@ from typer.core import TyperCommand, TyperGroup
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .spec.models import SpecError
+from .toolchain import settings
 
 
 class _FlagsWithoutType:
@@ -64,36 +69,96 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT
 
 
+def _say(console: Console, *parts: str | tuple[str, str]) -> None:
+    """Print one message literally: plain strings as they are, ``(text, style)`` pairs styled. Messages carry user
+    and library text (paths, spec errors such as ``'^[a-z][a-z0-9_]*$'``) that Rich's markup would eat, so no
+    markup is parsed and nothing is highlighted; lines are not wrapped, so names and paths can be pasted."""
+    console.print(Text.assemble(*parts), soft_wrap=True, highlight=False)
+
+
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    _say(err, ("error:", "bold red"), " ", message)
     return typer.Exit(code)
 
 
 def _command(name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return app.command(name, cls=_Command)
+    """A command that first warns about DPLR_GEN_* variables dplr-gen does not read (a misspelt setting is
+    otherwise ignored silently) and reports a setting's bad value as a usage error, not a traceback."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)  # Typer reads the parameters and the help through __wrapped__
+        def run(*args: Any, **kwargs: Any) -> Any:
+            for line in settings.unknown():
+                _say(err, ("warning:", "yellow"), f" {line}")
+            with warnings.catch_warnings():  # said above: the run time's own warning would repeat it
+                warnings.simplefilter("ignore", settings.SettingWarning)
+                settings.warn_unknown()
+            try:
+                return fn(*args, **kwargs)
+            except settings.SettingError as e:
+                raise _fail(str(e)) from None
+
+        return app.command(name, cls=_Command)(run)
+
+    return register
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 class _BuildProgress:
-    """The build's bar, shown once the compiles start (not while rendering, waiting for a lock, or failing)."""
+    """The build's progress, shown once the compiles start (not while rendering, waiting for a lock, or failing).
+    On a terminal a bar. Elsewhere (CI logs, `| tee`, nohup) a bar is one line redrawn in place, which a log
+    keeps as nothing or a fragment: plain lines instead, after the first unit, every LINE_EVERY_S seconds, on a
+    failure and at the end, each with the counts and the time."""
+
+    LINE_EVERY_S = 5.0
 
     def __init__(self, spec: Path) -> None:
         self.spec = spec
         self.progress: Progress | None = None
         self.task: Any = None
+        self.plain = not _is_terminal(sys.stderr)
+        self.t0 = self.last_line = 0.0
+        self.failed = 0
 
-    def step(self, unit: str, done: int, total: int) -> None:
+    def step(self, unit: str, done: int, total: int, failed: int) -> None:
+        if self.plain:
+            self._line(unit, done, total, failed)
+            return
         if self.progress is None:
             self.progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("units"),
-                TimeElapsedColumn(), TextColumn("{task.fields[unit]}"), console=err, transient=False,
+                TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+                TextColumn("units"), TimeElapsedColumn(), TextColumn("{task.fields[unit]}", markup=False), console=err,
+                transient=False,
             )
             self.progress.start()
             self.task = self.progress.add_task(f"compiling {self.spec}", total=total, unit="")
         self.progress.update(self.task, completed=done, total=total, unit=unit)
 
+    def _line(self, unit: str, done: int, total: int, failed: int) -> None:
+        now = time.monotonic()
+        if done == 0:
+            self.t0 = self.last_line = now
+            _say(err, f"compiling {self.spec}: {total} units")
+            return
+        if done == 1 or done == total or failed > self.failed or now - self.last_line >= self.LINE_EVERY_S:
+            _say(err, f"compiling {self.spec}: {done}/{total} units done, {failed} failed, "
+                      f"{_duration(now - self.t0)} elapsed (last: {unit})")
+            self.last_line, self.failed = now, failed
+
     def stop(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 @_command()
@@ -114,36 +179,35 @@ def build(
             plan = b.plan(spec)
             stale = b.stale_files(plan)
             if stale:
-                err.print(f"[red]stale:[/] {len(stale)} file(s) under {plan.out_dir} differ from {spec}:")
+                _say(err, ("stale:", "red"), f" {len(stale)} file(s) under {plan.out_dir} differ from {spec}:")
                 for rel in stale[:20]:
-                    err.print(f"  {rel}")
-                err.print(f"run `dplr-gen build {spec}` and commit generated/")
+                    _say(err, f"  {rel}")
+                _say(err, f"run `dplr-gen build {spec}` and commit generated/")
                 raise typer.Exit(EXIT_BUILD_FAILED)
-            out.print(f"{plan.out_dir} is up to date with {spec} ({len(plan.units)} units)")
+            _say(out, f"{plan.out_dir} is up to date with {spec} ({len(plan.units)} units)")
             return
         bar = _BuildProgress(spec)
         try:
             report = b.build(spec, jobs=jobs, force=force, on_progress=bar.step,
-                             on_wait=lambda message: err.print(message, highlight=False, soft_wrap=True))
+                             on_wait=lambda message: _say(err, message))
         finally:
             bar.stop()
     except SpecError as e:
         raise _fail(str(e)) from None
     except b.BuildInterrupted as e:
-        err.print(f"interrupted: {len(e.done)} of {e.total} units were compiled, their kernels kept in the cache "
-                  f"({e.cache_root}); the running compiles were stopped. Rerun `dplr-gen build {spec}` to resume: "
-                  "finished kernels are not compiled again.", highlight=False, soft_wrap=True)
+        _say(err, f"interrupted: {len(e.done)} of {e.total} units were compiled, their kernels kept in the cache "
+             f"({e.cache_root}); the running compiles were stopped. Rerun `dplr-gen build {spec}` to resume: "
+             "finished kernels are not compiled again.")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:
-        err.print(f"interrupted before any compile; rerun `dplr-gen build {spec}` to build.", highlight=False)
+        _say(err, f"interrupted before any compile; rerun `dplr-gen build {spec}` to build.")
         raise typer.Exit(EXIT_INTERRUPTED) from None
     for f in report.failures:
-        err.print(f"[bold red]FAILED[/] {f.unit} ({f.target}): {f.error}", highlight=False)
-    out.print(f"{report.spec}: {_summary(report)}; {len(report.refused)} refused or filtered "
-              f"(`dplr-gen list {spec}` says why); {report.seconds:.1f} s -> {report.out_dir}", highlight=False,
-              soft_wrap=True)
+        _say(err, ("FAILED", "bold red"), f" {f.unit} ({f.target}): {f.error}")
+    _say(out, f"{report.spec}: {_summary(report)}; {len(report.refused)} refused or filtered "
+         f"(`dplr-gen list {spec}` says why); {report.seconds:.1f} s -> {report.out_dir}")
     if report.stubs:
-        out.print(f"{report.spec}: {report.stubs}")
+        _say(out, f"{report.spec}: {report.stubs}")
     if report.failures:
         raise typer.Exit(EXIT_BUILD_FAILED)
 
@@ -154,8 +218,40 @@ def _summary(report: Any) -> str:
     if report.up_to_date:
         return f"up to date, nothing to do ({report.units} units built)"
     ok = report.units - len(report.failures)
-    how = "compiled (cache bypassed: --force)" if report.recompiled else "compiled or found in the kernel cache"
-    return f"{ok} of {report.units} units built ({report.kernels} kernels {how}); {len(report.failures)} failed"
+    compiled = sum(len(o.compiled) for o in report.outcomes)
+    how = (f"{report.kernels} kernels compiled (cache bypassed: --force)" if report.recompiled else
+           f"{report.kernels} kernels: {compiled} compiled, {report.kernels - compiled} found in the kernel cache")
+    return f"{ok} of {report.units} units built ({how}); {len(report.failures)} failed"
+
+
+def _unit_states(plan: Any, manifest: dict[str, Any] | None) -> dict[str, Text]:
+    """Each unit's status in `dplr-gen list`: "built" only where the manifest is this Triton's and every cache
+    entry it names is there (a clean of another spec, or a cache removed by hand, leaves manifests behind)."""
+    from .toolchain import build as b, clean
+
+    manifest = manifest or {"units": {}, "failures": []}
+    failed = {f["unit"] for f in manifest.get("failures", [])}
+    other_triton = manifest.get("triton_version", str(plan.triton_version)) != str(plan.triton_version)
+    gone = set() if other_triton else clean.units_without_kernels(manifest)
+    stale = set(b.stale_files(plan))
+    states = {}
+    for u in plan.units:
+        if plan.unit_files[u.name] in stale:
+            states[u.name] = Text("not rendered", style="yellow")
+        elif u.name in failed:
+            states[u.name] = Text("failed", style="red")
+        elif u.name not in manifest["units"]:
+            states[u.name] = Text("not built")
+        elif other_triton:
+            states[u.name] = Text(f"built for Triton {manifest['triton_version']}", style="yellow")
+        elif u.name in gone:
+            states[u.name] = Text("kernels gone", style="yellow")
+        else:
+            states[u.name] = Text("built", style="green")
+    return states
+
+
+LIST_COLUMNS = ("variant", "target", "status", "shared mem", "warps", "quirks avoided")
 
 
 @_command("list")
@@ -167,31 +263,42 @@ def list_(spec: Path = typer.Argument(..., metavar="SPEC", help="spec file")) ->
         plan = b.plan(spec)
     except SpecError as e:
         raise _fail(str(e)) from None
-    manifest = b.read_manifest(plan.out_dir) or {"units": {}, "failures": []}
-    failed = {f["unit"]: f["error"] for f in manifest.get("failures", [])}
-    stale = set(b.stale_files(plan))
-    table = Table(title=f"{plan.spec.name}: {len(plan.units)} units, Triton {plan.triton_version}")
-    table.add_column("variant", overflow="fold")  # names spell every parameter: never cut them
-    for col in ("target", "status", "shared mem", "warps", "quirks avoided"):
-        table.add_column(col)
+    manifest = b.read_manifest(plan.out_dir)
+    states = _unit_states(plan, manifest)
+    rows = []
     for u in plan.units:
-        rec = manifest["units"].get(u.name)
-        if plan.unit_files[u.name] in stale:
-            status = "[yellow]not rendered[/]"
-        elif rec:
-            status = "[green]built[/]"
-        elif u.name in failed:
-            status = "[red]failed[/]"
-        else:
-            status = "not built"
+        rec = (manifest or {}).get("units", {}).get(u.name)
         shared = f"{max(k['shared'] for k in rec['kernels'])} / {u.arch.smem_per_block}" if rec else "-"
         warps = ",".join(str(k["num_warps"]) for k in rec["kernels"]) if rec else "-"
-        table.add_row(u.variant.name, u.target, status, shared, warps, ",".join(u.quirks) or "-")
-    out.print(table)
+        rows.append([Text(u.variant.name), Text(u.target), states[u.name], Text(shared), Text(warps),
+                     Text(",".join(u.quirks) or "-")])
+    title = f"{plan.spec.name}: {len(plan.units)} units, Triton {plan.triton_version}"
+    table = Table(title=Text(title))
+    # names spell every parameter and are pasted into `dplr-gen show`: never cut or wrapped; other columns fold
+    table.add_column(LIST_COLUMNS[0], no_wrap=True)
+    widths = [max(len(r[0]) for r in rows)] if rows else [len(LIST_COLUMNS[0])]
+    for col in LIST_COLUMNS[1:]:  # no narrower than their headers (or a status), else a table is not worth it
+        widths.append(max(len(col), 12 if col == "status" else 0))
+        table.add_column(col, overflow="fold", min_width=widths[-1])
+    for row in rows:
+        table.add_row(*row)
+    if sum(widths) + 3 * len(widths) + 1 <= out.width:  # each column: a rule and a space either side
+        out.print(table)
+    else:  # too narrow for whole names in a table (80 columns; a pipe): one variant per line, its details below
+        _say(out, title)
+        for row in rows:
+            _say(out, row[0].plain)
+            details = [Text.assemble(f"{name}: " if name != "target" else "", cell)
+                       for name, cell in zip(LIST_COLUMNS[1:], row[1:])]
+            out.print(Text("    ") + Text("  ").join(details), soft_wrap=True, highlight=False)
+    gone = sum(1 for t in states.values() if t.plain == "kernels gone")
+    if gone:
+        _say(out, ("kernels gone", "yellow"), f": {gone} units' kernels are no longer in the cache (a `dplr-gen "
+             f"clean` or a removed cache); `dplr-gen build {spec}` compiles them again")
     for f in plan.refused:
-        out.print(f"[dim]refused[/] {f.what}: {f.reason}", highlight=False)
-    for unit, error in failed.items():
-        out.print(f"[red]failed[/] {unit}: {error}", highlight=False)
+        _say(out, ("refused", "dim"), f" {f.what}: {f.reason}")
+    for f in (manifest or {}).get("failures", []):
+        _say(out, ("failed", "red"), f" {f['unit']}: {f['error']}")
 
 
 @_command()
@@ -236,61 +343,98 @@ def show(
     (f,) = with_target
     tgt = target or next(iter(f.targets))
     others = [t for t in f.targets if t != tgt]
-    err.print(f"# {f.spec} ({f.spec_file}), {tgt}" + (f"; also rendered for {', '.join(others)} (--target)"
-              if others else ""), highlight=False, soft_wrap=True)
+    _say(err, f"# {f.spec} ({f.spec_file}), {tgt}" + (f"; also rendered for {', '.join(others)} (--target)"
+                                                      if others else ""))
     sys.stdout.write(f.targets[tgt].read_text())
 
 
 @_command()
 def doctor() -> None:
-    """Versions of Triton, torch and ptxas, the GPU seen, the cache, the specs found."""
+    """Versions of Triton, torch and ptxas, the GPU seen, the cache, the settings, the specs found."""
     from importlib.metadata import PackageNotFoundError, version
 
     from .toolchain.cache import cache_root
     from .runtime.loader import GENERATED, KEEP_STUBS_ENV, keeps_stubs
 
-    table = Table(show_header=False)
-    table.add_column("what")
-    table.add_column("value")
-    table.add_row("python", f"{platform.python_version()} ({sys.executable})")
+    rows: list[tuple[str, str | Text]] = [("python", f"{platform.python_version()} ({sys.executable})")]
     for dist in ("triton", "torch", "pydantic", "jinja2"):
         try:
-            table.add_row(dist, version(dist))
+            rows.append((dist, version(dist)))
         except PackageNotFoundError:
-            table.add_row(dist, "[red]not installed[/]")
-    table.add_row("ptxas", _ptxas_version())
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            gpus = [
-                f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
-                for i in range(torch.cuda.device_count())
-            ]
-            table.add_row("GPU", "; ".join(gpus))
-        else:
-            table.add_row("GPU", "none seen (building works without one; TRITON_INTERPRET=1 runs ops on CPU)")
-    except ImportError:
-        table.add_row("GPU", "torch not installed")
-    table.add_row("cache", str(cache_root()))
+            rows.append((dist, Text("not installed", style="red")))
+    rows.append(("ptxas", _ptxas_version()))
+    rows.append(("GPU", _gpus()))
+    rows.append(("cache", _or_problem(lambda: str(cache_root()))))
     try:
         from .toolchain.launch_stubs import kept_driver_modules
         from .toolchain.triton_versions import triton_version
 
-        table.add_row("launch stubs", f"{kept_driver_modules(cache_root(), str(triton_version()))} kept for this "
-                      f"Triton in the cache" + ("" if keeps_stubs() else f" ({KEEP_STUBS_ENV}=0: not used)"))
+        rows.append(("launch stubs", f"{kept_driver_modules(cache_root(), str(triton_version()))} kept for this "
+                     f"Triton in the cache" + ("" if keeps_stubs() else f" ({KEEP_STUBS_ENV}=0: not used)")))
     except Exception as e:  # doctor reports, it does not fail
-        table.add_row("launch stubs", f"unknown ({e})")
-    table.add_row("DPLR_GEN_NO_JIT", os.environ.get("DPLR_GEN_NO_JIT", "unset (run-time JIT allowed)"))
+        rows.append(("launch stubs", f"unknown ({e})"))
+    rows.append(("settings", _settings_state()))
     specs_dir = GENERATED.parent / "specs"
-    table.add_row("specs", ", ".join(p.name for p in sorted(specs_dir.glob("*.yaml"))) or "none")
-    built = []
-    for p in sorted(GENERATED.glob("*/index.json")):
-        m = p.parent / "manifest.json"
-        state = json.loads(m.read_text())["triton_version"] if m.exists() else "not built here"
-        built.append(f"{p.parent.name} (built with Triton {state})" if m.exists() else f"{p.parent.name} ({state})")
-    table.add_row("generated", ", ".join(built) or "none")
+    rows.append(("spec files", ", ".join(p.name for p in sorted(specs_dir.glob("*.yaml"))) or "none"))
+    rows.append((f"specs under {GENERATED.name}/", _generated_specs(GENERATED)))
+    table = Table(show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    for what, value in rows:  # values are paths, versions, library text: never markup
+        table.add_row(Text(what), value if isinstance(value, Text) else Text(value))
     out.print(table)
+
+
+def _or_problem(value: Callable[[], str]) -> str | Text:
+    try:
+        return value()
+    except settings.SettingError as e:  # doctor reports, it does not fail
+        return Text(str(e), style="red")
+
+
+def _settings_state() -> Text:
+    """Each DPLR_GEN_* variable set, with what is wrong with it; DPLR_GEN_SPEC as the run time finds it."""
+    from .runtime.loader import GENERATED, SPEC_ENV, all_packages
+
+    lines = []
+    for name in sorted(n for n in os.environ if n.startswith(settings.PREFIX)):
+        line = Text(f"{name}={os.environ[name]!r}: ok")
+        problem = next((u for u in settings.unknown() if u.startswith(f"{name} ")), "")
+        try:
+            if not problem and name == SPEC_ENV:
+                all_packages(GENERATED)
+            elif not problem:
+                settings.check(name)
+        except Exception as e:  # doctor reports, it does not fail
+            problem = str(e)
+        lines.append(Text(problem, style="red") if problem else line)  # a problem names the variable and value
+    return Text("\n").join(lines) if lines else Text("none set (DPLR_GEN_NO_JIT unset: run-time JIT allowed)")
+
+
+def _gpus() -> str:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "none seen (building works without one; TRITON_INTERPRET=1 runs ops on CPU)"
+        return "; ".join(
+            f"{torch.cuda.get_device_name(i)} (sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
+            for i in range(torch.cuda.device_count())
+        )
+    except ImportError:
+        return "torch not installed"
+
+
+def _generated_specs(root: Path) -> str:
+    """The specs under generated/, each with whether it is built here for this Triton, in the words that the
+    run time's errors use (SpecPackage.build_state)."""
+    from .runtime.loader import all_packages
+
+    try:
+        pkgs = all_packages(root, check_setting=False)
+    except Exception as e:  # doctor reports, it does not fail
+        return f"unreadable ({e})"
+    return "; ".join(f"{p.name} ({p.build_state()})" for p in pkgs) or "none"
 
 
 def _ptxas_version() -> str:
@@ -309,35 +453,54 @@ def _ptxas_version() -> str:
 
 @_command()
 def clean(
-    spec: Optional[Path] = typer.Argument(None, metavar="SPEC", help="spec file; without it, every spec and the whole cache"),
+    spec: Optional[Path] = typer.Argument(None, metavar="SPEC", help="spec file whose build products to remove"),
+    everything: bool = typer.Option(False, "--all", help="remove the whole kernel cache (every spec's kernels, every "
+                                    "Triton release, on-demand variants, launch stubs) and every manifest under "
+                                    "generated/"),
 ) -> None:
-    """Remove build products: the manifest(s) and the cached kernels they name. Rendered sources stay."""
+    """Remove build products: a spec's manifest and the cached kernels no other built spec uses; --all: the whole
+    cache. Rendered sources stay. (Kernels are cached by content, so specs share them.)"""
     from .toolchain import build as b
-    from .toolchain.cache import cache_root, entry_dir
+    from .toolchain import clean as c
+    from .toolchain.cache import cache_root
 
+    if spec is None and not everything:
+        size = c.measure(cache_root())
+        raise _fail(f"name the spec to clean (`dplr-gen clean specs/<arch>.yaml`), or pass --all to remove the whole "
+                    f"kernel cache {cache_root()} ({_cache_size(size)}) and every manifest under {b.GENERATED}")
+    if spec is not None and everything:
+        raise _fail("give a SPEC or --all, not both")
     if spec is None:
-        root = cache_root()
-        shutil.rmtree(root, ignore_errors=True)
-        for m in b.GENERATED.glob(f"*/{b.MANIFEST}"):
-            m.unlink()
-        out.print(f"removed the cache {root} and every manifest under {b.GENERATED}")
+        size = c.remove_all(cache_root(), b.GENERATED)
+        _say(out, f"removed the kernel cache {cache_root()} ({_cache_size(size)}) and every manifest under "
+                  f"{b.GENERATED}")
         return
     try:
-        plan = b.plan(spec)
+        name = b.load_spec(spec).name
     except SpecError as e:
         raise _fail(str(e)) from None
-    manifest = b.read_manifest(plan.out_dir)
-    removed = 0
-    if manifest:
-        root = Path(manifest.get("cache_root") or cache_root())
-        for unit in manifest["units"].values():
-            for k in unit["kernels"]:
-                d = entry_dir(k["key"], manifest["triton_version"], root)
-                if d.exists():
-                    shutil.rmtree(d)
-                    removed += 1
-        (plan.out_dir / b.MANIFEST).unlink(missing_ok=True)
-    out.print(f"{plan.spec.name}: removed the manifest and {removed} cached kernels")
+    out_dir = b.GENERATED / name
+    if not (out_dir / b.MANIFEST).is_file():
+        _say(out, f"{name}: not built here (no {out_dir / b.MANIFEST}); nothing to clean")
+        return
+    with b.package_lock(out_dir, on_wait=lambda message: _say(err, message)):  # not while it is being built
+        removed = c.clean_package(out_dir / b.MANIFEST, b.GENERATED)
+    kept = f"; kept {removed.kept} that other built specs or on-demand variants use" if removed.kept else ""
+    _say(out, f"{name}: removed the manifest and {removed.entries} cached kernels ({_bytes(removed.bytes)}){kept}")
+
+
+def _bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    for unit, scale in (("KB", 1 << 10), ("MB", 1 << 20), ("GB", 1 << 30)):
+        if n < 1024 * scale or unit == "GB":
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"  # not reached
+
+
+def _cache_size(size: Any) -> str:
+    releases = f"Triton {', '.join(size.releases)}" if size.releases else "no Triton release"
+    return f"{size.entries} entries, {_bytes(size.bytes)}, {releases}"
 
 
 @_command()
@@ -378,11 +541,10 @@ def compat(
         data = json.loads(path.read_text())
         why = c.staleness(data)
         if why:
-            err.print(f"{path} is stale:\n  " + "\n  ".join(why) + "\nregenerate it with: "
-                      + data.get("command", "dplr-gen compat --full").split("  (")[0], markup=False, highlight=False,
-                      soft_wrap=True)
+            _say(err, f"{path} is stale:\n  " + "\n  ".join(why) + "\nregenerate it with: "
+                 + data.get("command", "dplr-gen compat --full").split("  (")[0])
             raise typer.Exit(EXIT_BUILD_FAILED)
-        out.print(f"{path} matches the templates, quirk registry and specs", markup=False, highlight=False)
+        _say(out, f"{path} matches the templates, quirk registry and specs")
         return
 
     spec_args = [x for s in [*(specs or []), *(extra_specs or [])] for x in s.split(",") if x]
@@ -417,15 +579,15 @@ def compat(
     words += ["--kernel-cache", str(kernel_cache)] if kernel_cache else []
     words += ["--out", str(out_dir)] if out_dir else []
     command = shlex.join(words) + ("" if triton else f"  (default releases: {', '.join(map(str, versions))})")
-    err.print(f"compat: Triton {', '.join(map(str, versions))}; specs {', '.join(map(str, spec_paths))}; "
-              f"{'sample' if sample else 'full'}; {jobs} jobs", highlight=False, soft_wrap=True)
+    _say(err, f"compat: Triton {', '.join(map(str, versions))}; specs {', '.join(map(str, spec_paths))}; "
+         f"{'sample' if sample else 'full'}; {jobs} jobs")
     opts = c.Options(
         specs=spec_paths, versions=versions, sample=sample, jobs=jobs, targets=target_list, ops=op_list,
         dtypes=dtype_list,
         kernel_cache=kernel_cache, timeout=timeout, command=command,
     )
     try:
-        data = c.run(opts, log=lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True),
+        data = c.run(opts, log=lambda m: _say(err, m),
                      checkpoint=lambda partial: c.write_outputs(partial, out_dir or c.DOCS_DIR))
     except SpecError as e:
         raise _fail(str(e)) from None
@@ -434,10 +596,10 @@ def compat(
     for cell in data["cells"]:
         counts[cell["status"]] = counts.get(cell["status"], 0) + 1
         if cell["status"] == "failed":
-            err.print(f"[bold red]FAILED[/] {cell['spec']} {cell['target']} Triton {cell['triton']}: "
-                      f"{c._short_error(cell['error'], 400)}", highlight=False, soft_wrap=True)
-    out.print(f"{len(data['cells'])} cells: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-              + f"; {data['wall_seconds']:.0f} s -> {md}, {j}", highlight=False, soft_wrap=True)
+            _say(err, ("FAILED", "bold red"), f" {cell['spec']} {cell['target']} Triton {cell['triton']}: "
+                 f"{c._short_error(cell['error'], 400)}")
+    _say(out, f"{len(data['cells'])} cells: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+         + f"; {data['wall_seconds']:.0f} s -> {md}, {j}")
     if c.any_failed(data):
         raise typer.Exit(EXIT_BUILD_FAILED)
 

@@ -67,3 +67,137 @@ def test_show_and_doctor() -> None:
     assert res.exit_code == 2 and "no variant named" in res.output
     res = runner.invoke(app, ["doctor"])
     assert res.exit_code == 0 and "triton" in res.output and "cache" in res.output and "launch stubs" in res.output
+
+
+SHARED = SPEC.replace("name: cli_test", "name: {name}")
+
+
+def _shared_specs(tmp_path: Path, *names: str) -> dict[str, Path]:
+    """Specs of the same variants under other names: their kernels are the same cache entries."""
+    paths = {}
+    for name in names:
+        paths[name] = tmp_path / f"{name}.yaml"
+        paths[name].write_text(SHARED.format(name=name))
+    return paths
+
+
+@pytest.fixture
+def private_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """generated/ and the kernel cache under the test's folder."""
+    from dplr_gen.runtime import loader
+
+    monkeypatch.setenv("DPLR_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(b, "GENERATED", tmp_path / "gen")
+    monkeypatch.setattr(loader, "GENERATED", tmp_path / "gen")
+    return tmp_path
+
+
+def _kernel_entries(tmp_path: Path) -> set[Path]:
+    return {m.parent for m in (tmp_path / "cache").glob("triton-*/*/*/meta.json")}
+
+
+def test_clean_keeps_the_kernels_other_specs_use(private_tree: Path) -> None:
+    """Two specs share their kernels; cleaning one leaves the other built: it lists as built, its variant loads
+    prebuilt, and a build of either compiles nothing. Only cleaning the last user removes the kernels."""
+    from dplr_gen.runtime.loader import SpecPackage
+
+    specs = _shared_specs(private_tree, "share_a", "share_b")
+    res = runner.invoke(app, ["build", "-j", "1", str(specs["share_a"])])
+    assert res.exit_code == 0 and "1 kernels: 1 compiled, 0 found in the kernel cache" in res.output, res.output
+    res = runner.invoke(app, ["build", "-j", "1", str(specs["share_b"])])
+    assert res.exit_code == 0 and "1 kernels: 0 compiled, 1 found in the kernel cache" in res.output, res.output
+    entries = _kernel_entries(private_tree)
+
+    res = runner.invoke(app, ["clean", str(specs["share_a"])])
+    assert res.exit_code == 0, res.output
+    assert "share_a: removed the manifest and 0 cached kernels" in res.output and "kept 1" in res.output, res.output
+    assert _kernel_entries(private_tree) == entries
+    res = runner.invoke(app, ["list", str(specs["share_b"])])
+    assert "built" in res.output and "not built" not in res.output and "kernels gone" not in res.output, res.output
+    pkg = SpecPackage(private_tree / "gen" / "share_b")
+    assert pkg.prebuilt(pkg.variant_names[0], "sm_80") and pkg.build_state().startswith("built here")
+    assert "up to date" in runner.invoke(app, ["build", str(specs["share_b"])]).output
+    res = runner.invoke(app, ["build", "-j", "1", str(specs["share_a"])])  # rebuilt from the kept kernels
+    assert "1 kernels: 0 compiled, 1 found in the kernel cache" in res.output, res.output
+
+    for name in ("share_a", "share_b"):  # the last user cleaned: its kernels go
+        res = runner.invoke(app, ["clean", str(specs[name])])
+        assert res.exit_code == 0, res.output
+    assert "removed the manifest and 1 cached kernels" in res.output and "kept" not in res.output, res.output
+    assert not _kernel_entries(private_tree) & entries
+
+
+def test_clean_keeps_kernels_of_packages_built_elsewhere(private_tree: Path) -> None:
+    """A package built outside generated/ (another checkout, a script's out_root) sharing the cache is known to
+    it: cleaning the spec under generated/ keeps that package's kernels."""
+    specs = _shared_specs(private_tree, "share_a", "share_c")
+    b.build(specs["share_c"], jobs=1, out_root=private_tree / "elsewhere", stubs=False)
+    assert runner.invoke(app, ["build", "-j", "1", str(specs["share_a"])]).exit_code == 0
+    res = runner.invoke(app, ["clean", str(specs["share_a"])])
+    assert "0 cached kernels" in res.output and "kept 1" in res.output, res.output
+    assert b.manifest_is_current(b.plan(specs["share_c"], private_tree / "elsewhere"),
+                                 b.read_manifest(private_tree / "elsewhere" / "share_c"), private_tree / "cache")
+
+
+def test_status_says_built_only_while_the_kernels_are_there(private_tree: Path) -> None:
+    """A manifest whose cache entries are gone (the cache removed by hand) is not "built": not in `list`, not in
+    `doctor`, not to the loader."""
+    import shutil
+
+    from dplr_gen.runtime.loader import SpecPackage
+
+    (spec,) = _shared_specs(private_tree, "share_a").values()
+    assert runner.invoke(app, ["build", "-j", "1", str(spec)]).exit_code == 0
+    shutil.rmtree(private_tree / "cache")
+    res = runner.invoke(app, ["list", str(spec)], env={"COLUMNS": "200"})
+    assert "kernels gone" in res.output and "`dplr-gen build" in res.output, res.output
+    pkg = SpecPackage(private_tree / "gen" / "share_a")
+    variant = pkg.variant_names[0]
+    assert not pkg.prebuilt(variant, "sm_80")
+    unit = pkg.index["variants"][variant]["targets"]["sm_80"]["unit"]
+    assert "gone from the cache" in pkg._not_built(pkg.manifest(), unit)
+    res = runner.invoke(app, ["doctor"], env={"COLUMNS": "300"})
+    assert "share_a (built here for Triton" in res.output and "units are gone from the cache" in res.output, res.output
+
+
+def test_clean_without_a_spec_needs_all(private_tree: Path) -> None:
+    (spec,) = _shared_specs(private_tree, "share_a").values()
+    assert runner.invoke(app, ["build", "-j", "1", str(spec)]).exit_code == 0
+    res = runner.invoke(app, ["clean"])
+    assert res.exit_code == 2 and "--all" in res.output and "1 entries" in res.output, res.output
+    assert _kernel_entries(private_tree)  # nothing removed
+    res = runner.invoke(app, ["clean", "--all"])
+    assert res.exit_code == 0, res.output
+    assert "removed the kernel cache" in res.output and "1 entries" in res.output and "Triton 3." in res.output
+    assert not (private_tree / "cache").exists() and not (private_tree / "gen" / "share_a" / "manifest.json").exists()
+
+
+def test_messages_print_user_and_library_text_literally(tmp_path: Path) -> None:
+    """Rich markup would eat bracketed text: the name pattern's [a-z] classes, a path with [x] or [red] in it."""
+    folder = tmp_path / "specs [x] [red]"
+    folder.mkdir()
+    p = folder / "bad.yaml"
+    p.write_text("name: Bad\ntargets: [sm_80]\nvariants: [{dtypes: [bf16], head_dims: [64]}]\n")
+    for cmd in ("build", "list", "clean"):
+        res = runner.invoke(app, [cmd, str(p)])
+        assert res.exit_code == 2, res.output
+        assert "String should match pattern '^[a-z][a-z0-9_]*$'" in res.output, res.output
+        assert f"{p}:1:7: name:" in res.output, res.output
+    res = runner.invoke(app, ["list", str(folder / "missing.yaml")])
+    assert res.exit_code == 2 and f"{folder / 'missing.yaml'}: no such spec file" in res.output, res.output
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_list_keeps_variant_names_whole(columns: int) -> None:
+    """At 80 columns (a pipe's default width too) the names of specs/hopper.yaml do not fit a table: each is printed
+    whole on a line of its own, ready to paste into `dplr-gen show`; wide terminals keep the table."""
+    spec = Path(__file__).resolve().parent.parent / "specs" / "hopper.yaml"
+    res = runner.invoke(app, ["list", str(spec)], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0, res.output
+    words = [set(line.replace("│", " ").split()) for line in res.output.splitlines()]
+    names = {u.variant.name for u in b.plan(spec).units}
+    assert len(names) > 40
+    missing = [n for n in names if not any(n in w for w in words)]
+    assert not missing, (missing, res.output[:2000])
+    assert ("┃ variant" in res.output) == (columns == 200)
+    assert all(len(line) <= columns for line in res.output.splitlines() if "status:" not in line)

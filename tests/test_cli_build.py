@@ -4,6 +4,7 @@ processes of their own; what the summary counts, --force and the usage lines thr
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,7 +154,7 @@ def test_summary_counts_units_like_list_and_force_recompiles(tmp_path: Path, mon
     runner = CliRunner()
     res = runner.invoke(app, ["build", "-j", "2", str(spec)])
     assert res.exit_code == 0, res.output
-    assert "2 of 2 units built (2 kernels compiled or found in the kernel cache); 0 failed" in res.output, res.output
+    assert "2 of 2 units built (2 kernels: 2 compiled, 0 found in the kernel cache); 0 failed" in res.output, res.output
     assert "interrupt_test: 2 units" in runner.invoke(app, ["list", str(spec)]).output
     res = runner.invoke(app, ["build", str(spec)])
     assert "up to date, nothing to do (2 units built)" in res.output, res.output
@@ -181,3 +182,20 @@ def test_failing_build_prints_no_empty_bar(tmp_path: Path) -> None:
     bad.write_text("name: bad\ntargets: [sm_80]\nvariants: [{dtypes: [fp16], head_dims: [32], chunk_sizes: [7]}]\n")
     res = CliRunner().invoke(app, ["build", str(bad)])
     assert res.exit_code == 2 and "0/?" not in res.output and "compiling" not in res.output, res.output
+
+
+def test_build_off_a_terminal_prints_plain_progress_lines(tmp_path: Path) -> None:
+    """stderr a pipe (CI logs, `| tee`, nohup): no bar redrawn in place, but plain lines with the units done of
+    the total, the failures and the time, from the first unit to the last."""
+    (tmp_path / "interrupt_test.yaml").write_text(SPEC.replace("[fp16, fp32, bf16]", "[fp16, fp32]")
+                                                  .replace("[32, 64]", "[32]"))
+    proc = start_build(tmp_path, "-j", "1")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, (out, err)
+    assert "\r" not in err and "\x1b[" not in err and "━" not in err, err  # no bar, no cursor movement
+    lines = [ln for ln in err.splitlines() if ln.startswith("compiling ")]
+    spec = tmp_path / "interrupt_test.yaml"
+    assert lines[0] == f"compiling {spec}: 2 units", err
+    assert re.fullmatch(rf"compiling {re.escape(str(spec))}: 1/2 units done, 0 failed, \d+s elapsed \(last: "
+                        r"fused_recurrent_fp\d+_k32_v32_dense_gany_gfp32_sfp32\w*__sm_80\)", lines[1]), lines
+    assert lines[-1].startswith(f"compiling {spec}: 2/2 units done, 0 failed, "), lines

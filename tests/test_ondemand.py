@@ -335,3 +335,21 @@ def test_segments_dropped_for_variants_generated_from_the_hopper_spec(tmp_path: 
     v = Variant("chunk", "bf16", "bf16", 16, 16, 16, False, -0.61, "fp32", None)
     res = _prepare_in_subprocess(spec_path, v, "sm_90", tmp_path)
     assert res["compiled"] == len(res["kernels"]) >= 6
+
+
+def test_a_generated_variant_is_said_once_per_process(tmp_path: Path) -> None:
+    """Without any logging set up the user sees a generated variant: an OnDemandVariantWarning naming it and the
+    spec entry that ships it, once per process (a second package loading the same variant says nothing)."""
+    import warnings
+
+    x = rwkv7_inputs(1, 5, 1, 24, 40, dtype=torch.float32)
+    name = "fused_recurrent_fp32_k24_v40_dense_gany_gfp32_sfp32_ieee"
+    for d in ("one", "two"):
+        (tmp_path / d).mkdir()
+    with pytest.warns(ondemand.OnDemandVariantWarning) as caught:
+        ops.fused_recurrent_dplr_delta_rule(**x, package=render_package(tmp_path / "one", SPEC, "ondemand_test"))
+    said = [str(w.message) for w in caught if w.category is ondemand.OnDemandVariantWarning]
+    assert len(said) == 1 and name in said[0] and "- {ops: [fused_recurrent]" in said[0], said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ondemand.OnDemandVariantWarning)
+        ops.fused_recurrent_dplr_delta_rule(**x, package=render_package(tmp_path / "two", SPEC, "ondemand_test"))

@@ -14,7 +14,7 @@ SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 
 def write(tmp_path: Path, text: str) -> Path:
-    p = tmp_path / "s.yaml"
+    p = tmp_path / "t.yaml"  # the stem of the specs' `name: t`
     p.write_text(text)
     return p
 
@@ -176,7 +176,7 @@ def test_bad_specs_name_the_field(tmp_path: Path, text: str, field: str) -> None
     with pytest.raises(SpecError) as e:
         load_spec(write(tmp_path, text))
     assert field in str(e.value)
-    assert "s.yaml" in str(e.value)
+    assert "t.yaml" in str(e.value)
 
 
 def test_unknown_arch_lists_known(tmp_path: Path) -> None:

@@ -66,3 +66,69 @@ def test_cli_shows_file_line_column(tmp_path: Path) -> None:
     p.write_text("name: x\ntargets: [sm_80\n")
     res = CliRunner().invoke(app, ["build", str(p)])
     assert res.exit_code == 2 and f"{p}:3:1: not valid YAML" in res.output, res.output
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_name_differing_from_the_file_stem_is_refused_naming_both(tmp_path: Path) -> None:
+    """A copy of specs/ada.yaml saved as rtx4090.yaml with `name: ada` left in would render into generated/ada/."""
+    p = tmp_path / "rtx4090.yaml"
+    p.write_text((REPO / "specs" / "ada.yaml").read_text())
+    msg = _error(p)
+    assert f"{p}:2:7: name: 'ada' differs from the file's stem 'rtx4090'" in msg, msg
+    assert "generated/ada/" in msg and "`name: rtx4090`" in msg and "rename the file to ada.yaml" in msg, msg
+    # the stem's package name is what `name` must be: dashes become underscores, and no name line takes it
+    text = (REPO / "specs" / "ada.yaml").read_text().replace("name: ada\n", "")
+    (tmp_path / "rtx-4090.yaml").write_text(text)
+    assert load_spec(tmp_path / "rtx-4090.yaml").name == "rtx_4090"
+    (tmp_path / "rtx-4090.yaml").write_text("name: rtx_4090\n" + text)
+    assert load_spec(tmp_path / "rtx-4090.yaml").name == "rtx_4090"
+
+
+def test_every_spec_in_the_tree_is_named_after_its_file() -> None:
+    for path in sorted((REPO / "specs").glob("*.yaml")):
+        assert load_spec(path).name == path.stem
+
+
+TUNING_TYPOS = """\
+name: stages
+targets: [sm_80]
+variants:
+  - dtypes: [bf16]
+    head_dims: [64]
+tuning:
+  chunk.fwd: {num_warps: 4}
+  chunk.bwdd: {block_v: 16}
+target_tuning:
+  sm_80:
+    chunk.prp: {num_stages: 1}
+variant_tuning:
+  - when: {K: [64]}
+    tuning:
+      chunk.fwd: {overlap: true}
+"""
+
+
+def test_misspelled_stages_name_their_line_and_the_nearest_stage(tmp_path: Path) -> None:
+    p = tmp_path / "stages.yaml"
+    p.write_text(TUNING_TYPOS)
+    msg = _error(p)
+    assert f"{p}:8:3: tuning.chunk.bwdd: unknown stage 'chunk.bwdd'; did you mean 'chunk.bwd'?" in msg, msg
+    assert f"{p}:11:5: target_tuning.sm_80.chunk.prp: unknown stage 'chunk.prp'; did you mean 'chunk.prep'?" in msg
+    assert f"{p}:15:19: variant_tuning.0.tuning.chunk.fwd.overlap: only chunk.bwd_dh take the overlap knob" in msg
+    assert "(top level)" not in msg and ":1:1:" not in msg, msg
+
+
+def test_a_value_no_union_member_takes_is_one_line(tmp_path: Path) -> None:
+    """head_dims takes an int or a pair: pydantic's one error per member (constrained-int, tuple[...]) becomes one
+    line with the field, file:line, what was found and what the field takes."""
+    p = tmp_path / "dims.yaml"
+    p.write_text("name: dims\ntargets: [sm_80]\nvariants:\n  - dtypes: [bf16]\n    head_dims: [64, big, [16, x]]\n")
+    lines = _error(p).splitlines()
+    assert lines[1:] == [
+        f"  {p}:5:21: variants.0.head_dims.1: got 'big'; valid: head sizes: an int means K = V, a pair is [K, V]; "
+        "16 to 256",
+        f"  {p}:5:26: variants.0.head_dims.2: got [16, 'x']; valid: head sizes: an int means K = V, a pair is "
+        "[K, V]; 16 to 256",
+    ], lines

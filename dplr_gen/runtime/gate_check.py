@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..toolchain import settings
+
 CHECK_ENV = "DPLR_GEN_CHECK_LOWER_BOUND"
 
 # tests: the in-kernel form on CPU tensors too (the assert then raises at once), where it would check on the host
@@ -41,9 +43,13 @@ class Promise(NamedTuple):
 
 
 def _mode() -> str:
-    """"off", "sync" or "device" (the default), from CHECK_ENV."""
-    mode = os.environ.get(CHECK_ENV, "1")
-    return "off" if mode in ("", "0") else "sync" if mode == "sync" else "device"
+    """"off", "sync" or "device" (the default), from CHECK_ENV; another value is a SettingError naming it (a typo
+    must not leave the check in a mode nobody chose)."""
+    value = os.environ.get(CHECK_ENV, "1")
+    mode = settings.CHECK_MODES.get(value)
+    if mode is None:
+        raise settings.invalid(CHECK_ENV, value)
+    return mode
 
 
 def _broken(lower_bound: float, minimum: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..toolchain import cache
+from ..toolchain import cache, settings
 from ..toolchain.compile import import_source
 from ..plan.variant import Variant
 
@@ -36,7 +36,10 @@ class UnsupportedDeviceError(RuntimeError):
 
 
 def env_flag(name: str, default: bool) -> bool:
-    """An on/off environment variable: unset -> ``default``; empty or "0" -> off; anything else -> on."""
+    """An on/off environment variable: unset -> ``default``; empty or "0" -> off; anything else -> on. dplr-gen's
+    own (DPLR_GEN_*) take "1" and nothing else for on: another value is a SettingError naming the variable."""
+    if name.startswith(settings.PREFIX):
+        return settings.flag(name, default)
     value = os.environ.get(name)
     return default if value is None else value not in ("", "0")
 
@@ -181,6 +184,7 @@ class SpecPackage:
     """One generated/<spec>/ folder: its index, its manifest, and the kernel sets it can provide."""
 
     def __init__(self, directory: Path) -> None:
+        settings.warn_unknown()  # once per process: a misspelt DPLR_GEN_* name would be ignored silently
         self.dir = directory
         # the ops key their caches on this string: formed once here, never by str(Path) inside a traced region
         # (dynamo cannot trace pathlib's __str__ on Python 3.12)
@@ -301,7 +305,30 @@ class SpecPackage:
             return f"it was built with Triton {manifest['triton_version']}, this process has {installed}"
         if unit not in manifest["units"]:
             return "the last build did not produce it"
+        # a manifest outlives its kernels where the cache was cleaned: "built" only while every entry is there
+        root = Path(manifest.get("cache_root") or cache.cache_root())
+        kernels = manifest["units"][unit].get("kernels", [])
+        gone = [k["kernel"] for k in kernels if not cache.present(k["key"], installed, root)]
+        if gone:
+            return f"its kernels {', '.join(gone)} are gone from the cache {root} (`dplr-gen build` compiles them again)"
         return ""
+
+    def build_state(self) -> str:
+        """Whether the package is built here for this process's Triton release, in the words that `dplr-gen doctor`
+        and the errors listing the specs under generated/ share."""
+        from ..toolchain import clean, triton_versions
+
+        manifest = self.manifest()
+        if manifest is None:
+            return "not built here: no manifest.json"
+        built, installed = manifest.get("triton_version"), str(triton_versions.triton_version())
+        if built != installed:
+            return f"built here for Triton {built}, not for this process's {installed}"
+        gone = len(clean.units_without_kernels(manifest))
+        if gone:
+            return f"built here for Triton {built}, but the kernels of {gone} of {len(manifest['units'])} units are " \
+                   "gone from the cache"
+        return f"built here for Triton {built}"
 
     def _import_unit(self, target_entry: dict[str, Any]) -> Any:
         """The rendered module of one (variant, target) entry of the index."""
@@ -399,5 +426,16 @@ def package_at(directory: str | Path) -> SpecPackage:
     return _package_at_abs(d) if os.path.isabs(d) else _package_at(str(Path(d).resolve()))
 
 
-def all_packages(root: Path = GENERATED) -> list[SpecPackage]:
-    return [package_at(p.parent) for p in sorted(root.glob("*/index.json"))]
+def all_packages(root: Path = GENERATED, check_setting: bool = True) -> list[SpecPackage]:
+    """The specs under ``root`` (folders with an index.json). With ``check_setting`` (the dispatcher's lookup), a
+    SPEC_ENV naming none of them is an error listing them, each with whether it is built here."""
+    pkgs = [package_at(p.parent) for p in sorted(root.glob("*/index.json"))]
+    wanted = os.environ.get(SPEC_ENV)
+    if check_setting and wanted and wanted not in {p.name for p in pkgs}:
+        there = "; ".join(f"{p.name} ({p.build_state()})" for p in pkgs) or "none"
+        raise NotBuiltError(
+            f"{SPEC_ENV}={wanted!r} names no spec under {root}; the specs there: {there}. Set {SPEC_ENV} to one of "
+            f"them (`dplr-gen build SPEC` adds a spec there), or unset it to use the spec whose "
+            "targets cover the GPU"
+        )
+    return pkgs

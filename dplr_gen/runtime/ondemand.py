@@ -11,8 +11,9 @@ under the variant's lock says which source and entries make the variant: two pro
 compile it once. A kernel over the target's shared memory is compiled again with smaller tiles (block_v halved,
 then fewer pipeline stages) until it fits.
 
-One log line (logger "dplr_gen") names each variant so served and the spec entry that would ship it ahead of
-time. DPLR_GEN_NO_JIT=1 (production) refuses instead, naming that entry.
+Each variant so served is named once per process, with the spec entry that would ship it ahead of time, in an
+OnDemandVariantWarning (seen without configuring anything; silenced by its category) and a record on the "dplr_gen"
+logger at INFO. DPLR_GEN_NO_JIT=1 (production) refuses instead, naming that entry.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..toolchain import cache
+from ..toolchain import cache, settings
 from ..toolchain.compile import import_source, job_for, run_in_subprocess
 from .loader import NO_JIT_ENV, KernelSet, env_flag, interpreted_kernel_set, interpreting, keeps_stubs, \
     load_cached_kernels
@@ -46,6 +48,15 @@ STATS: Counter[str] = Counter()
 MAX_SHRINKS = 8
 # how many compile subprocesses an on-demand variant uses at once (unset or 0: one per CPU)
 JOBS_ENV = "DPLR_GEN_JIT_JOBS"
+
+
+class OnDemandVariantWarning(UserWarning):
+    """A call ran a variant its package does not ship: generated at run time (rendered and, on a GPU, compiled for
+    seconds). Said once per variant per process, naming the spec entry that ships it ahead of time; silence it with
+    ``warnings.filterwarnings("ignore", category=OnDemandVariantWarning)``."""
+
+
+_ANNOUNCED: set[str] = set()  # variants this process has warned about
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -256,6 +267,12 @@ def spread(names: list[str], groups: int) -> list[list[str]]:
     return [b for _, b in bins if b]
 
 
+def compile_processes(jobs: int | None) -> int:
+    """How many compile processes an on-demand variant uses: ``jobs``, else JOBS_ENV (a SettingError where it is
+    not a whole number), else one per CPU."""
+    return jobs or settings.count(JOBS_ENV) or cpus()
+
+
 def _compile(u: "BuildUnit", source: Path, text: str, root: Path, tv: str, jobs: int | None) -> Prepared:
     """Compile every kernel of the unit in ``jobs`` (default: one per CPU) subprocesses at once, each a share of
     the kernels; a kernel over the shared memory limit has its stage's tiles shrunk and the unit is rendered
@@ -264,7 +281,7 @@ def _compile(u: "BuildUnit", source: Path, text: str, root: Path, tv: str, jobs:
     compiled = 0
     for _ in range(MAX_SHRINKS + 1):
         module = import_source(source, f"dplr_gen_ondemand_{source.stem}")
-        groups = spread(list(module.SIGNATURES), jobs or int(os.environ.get(JOBS_ENV) or 0) or cpus())
+        groups = spread(list(module.SIGNATURES), compile_processes(jobs))
         job_list = [job_for(u, source, text, root, tv, kernels=g) for g in groups]
         with ThreadPoolExecutor(len(job_list)) as pool:
             outcomes = list(pool.map(run_in_subprocess, job_list))
@@ -361,8 +378,8 @@ def kernel_set(package: "SpecPackage", v: Variant, target: str) -> KernelSet:
     where = f"add to the variants of {package.spec_file}:  {entry}"
     if interp:
         STATS["rendered"] += 1
-        LOG.info("dplr-gen: variant %s rendered on demand for the interpreter (%s); to ship it ahead of time, %s",
-                 v.name, prepared.source, where)
+        _announce(v, f"dplr-gen: variant {v.name} rendered on demand for the interpreter ({prepared.source}); to ship "
+                     f"it ahead of time, {where}")
         return interpreted_kernel_set(module)
     from ..toolchain import launch_stubs
     from .loader import _set_torch_allocator
@@ -376,10 +393,19 @@ def kernel_set(package: "SpecPackage", v: Variant, target: str) -> KernelSet:
     launch_stubs.warm_launchers(aot.values(), keep_in=(root, _triton_version()) if keeps_stubs() else None)
     fit = f"; tiles made smaller to fit shared memory: {'; '.join(prepared.shrunk)}" if prepared.shrunk else ""
     if prepared.compiled:
-        LOG.warning("dplr-gen: generated variant %s for %s on demand (%d kernels compiled in %.1f s, kept in %s%s); "
-                    "to ship it ahead of time, %s", v.name, target, prepared.compiled, prepared.seconds,
-                    prepared.source.parent, fit, where)
+        _announce(v, f"dplr-gen: generated variant {v.name} for {target} on demand ({prepared.compiled} kernels "
+                     f"compiled in {prepared.seconds:.1f} s, kept in {prepared.source.parent}{fit}); to ship it ahead "
+                     f"of time, {where}")
     else:
-        LOG.info("dplr-gen: variant %s for %s loaded from the on-demand cache (%s%s); to ship it ahead of time, %s",
-                 v.name, target, prepared.source.parent, fit, where)
+        _announce(v, f"dplr-gen: variant {v.name} for {target} loaded from the on-demand cache "
+                     f"({prepared.source.parent}{fit}); to ship it ahead of time, {where}")
     return KernelSet(module, aot)
+
+
+def _announce(v: Variant, message: str) -> None:
+    """Say that ``v`` runs generated on demand: a warning the first time in this process (a record on the logger
+    at INFO alone is not seen unless logging is configured), and a log record each time it is loaded."""
+    LOG.info("%s", message)
+    if v.name not in _ANNOUNCED:
+        _ANNOUNCED.add(v.name)
+        warnings.warn(message, OnDemandVariantWarning, stacklevel=3)

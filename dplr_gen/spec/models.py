@@ -19,6 +19,7 @@ DType = Literal["bf16", "fp16", "fp32"]
 Op = Literal["chunk", "fused_recurrent"]
 ChunkSize = Literal[16, 32, 64]
 HeadDim = Annotated[int, Field(ge=HEAD_DIM_MIN, le=HEAD_DIM_MAX)]
+NAME_PATTERN = r"^[a-z][a-z0-9_]*$"  # a spec's name: a Python package name under generated/
 
 # Stages (one kernel each) that tuning may name, per op; templates read knobs by these names.
 STAGES: dict[str, tuple[str, ...]] = {
@@ -73,6 +74,16 @@ def when_matches(when: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
 
 class SpecError(ValueError):
     """A spec file that cannot be used; the message names the file and the field."""
+
+
+class LocatedError(ValueError):
+    """A validator's errors about entries below the field it validates, each with the entry's path from there
+    (e.g. ("tuning", "chunk.bwdd") from the spec), so that load_spec names the line of each entry's key, not the
+    spec's first line (a validator raises once: this carries every problem it found)."""
+
+    def __init__(self, problems: list[tuple[tuple[int | str, ...], str]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, loc))}: {msg}" for loc, msg in problems))
+        self.problems = problems
 
 
 class _Strict(BaseModel):
@@ -163,7 +174,7 @@ class VariantAxes(_Strict):
 
 
 class Spec(_Strict):
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="package name: generated/<name>/, imported as `generated.<name>` (default: the file's stem)")
+    name: str = Field(pattern=NAME_PATTERN, description="package name: generated/<name>/, imported as `generated.<name>` (default: the file's stem)")
     description: str = Field("", description="one line for the generated package's docstring")
     targets: list[str] = Field(min_length=1, description="GPU archs to build for, e.g. [sm_80, sm_86]: each needs an arch profile (below)")
     variants: list[VariantAxes] = Field(min_length=1, description="groups of axes; each group's cross product is built (impossible combinations are refused, with reasons, in `dplr-gen list`)")
@@ -176,11 +187,11 @@ class Spec(_Strict):
     @field_validator("targets")
     @classmethod
     def _known_targets(cls, targets: list[str]) -> list[str]:
-        for t in targets:
+        for i, t in enumerate(targets):
             try:
                 get_arch(t)
             except UnknownArchError as e:
-                raise ValueError(str(e)) from None
+                raise LocatedError([((i,), str(e))]) from None
         if len(set(targets)) != len(targets):
             raise ValueError(f"targets repeat: {targets}")
         return targets
@@ -188,23 +199,30 @@ class Spec(_Strict):
     @model_validator(mode="after")
     def _known_stages(self) -> "Spec":
         known = [f"{op}.{st}" for op, sts in STAGES.items() for st in sts]
-        tables = [("tuning", self.tuning)] + [
-            (f"target_tuning.{t}", tab) for t, tab in self.target_tuning.items()
-        ] + [(f"variant_tuning.{i}.tuning", r.tuning) for i, r in enumerate(self.variant_tuning)]
+        tables: list[tuple[tuple[int | str, ...], dict[str, Knobs]]] = [(("tuning",), self.tuning)] + [
+            (("target_tuning", t), tab) for t, tab in self.target_tuning.items()
+        ] + [(("variant_tuning", i, "tuning"), r.tuning) for i, r in enumerate(self.variant_tuning)]
+        problems: list[tuple[tuple[int | str, ...], str]] = []
         for where, table in tables:
             for key, knobs in table.items():
                 if key not in known:
-                    raise ValueError(f"{where}: unknown stage {key!r}; stages are {', '.join(known)}")
+                    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    problems.append(((*where, key), f"unknown stage {key!r}{hint} (stages: {', '.join(known)})"))
+                    continue
                 for knob, stages in STAGE_ONLY_KNOBS.items():
                     if getattr(knobs, knob) is not None and key not in stages:
-                        raise ValueError(f"{where}.{key}.{knob}: only {', '.join(stages)} take the {knob} knob")
+                        problems.append(((*where, key, knob), f"only {', '.join(stages)} take the {knob} knob"))
         for t in self.target_tuning:
             if t not in self.targets:
-                raise ValueError(f"target_tuning names {t!r}, which is not in targets {self.targets}")
+                problems.append((("target_tuning", t), f"target {t!r} is not in targets {self.targets}"))
         for i, r in enumerate(self.variant_tuning):
             for t in r.when.get("target", []):
                 if t not in self.targets:
-                    raise ValueError(f"variant_tuning.{i}.when names target {t!r}, not in targets {self.targets}")
+                    problems.append((("variant_tuning", i, "when", "target"),
+                                     f"names target {t!r}, not in targets {self.targets}"))
+        if problems:
+            raise LocatedError(problems)
         return self
 
 
@@ -249,6 +267,69 @@ def _unknown_key_hint(loc: tuple[int | str, ...]) -> str:
     return (f"; did you mean {close[0]!r}?" if close else "") + f" (keys here: {', '.join(keys)}; docs/specs.md)"
 
 
+# error types whose loc names a key the file lacks or should not have (not a value's union member)
+_KEY_ERRORS = ("missing", "extra_forbidden")
+
+
+def _field_description(loc: tuple[int | str, ...]) -> str:
+    """The description of the innermost model field on ``loc`` (what the field takes), or ""."""
+    for i in range(len(loc) - 1, -1, -1):
+        model = _model_at(loc[:i]) if isinstance(loc[i], str) else None
+        if model is not None and loc[i] in model.model_fields:
+            return model.model_fields[loc[i]].description or ""
+    return ""
+
+
+def _error_lines(e: ValidationError, marked: yaml_marks.Marked, path: Path) -> list[str]:
+    """One line per problem: file:line:column, the field, what is wrong. A value that matches no member of a
+    union (e.g. head_dims' int or pair of ints) gives pydantic one error per member; those become one line saying
+    what was found and what the field takes."""
+    lines: list[str] = []
+    unions: set[tuple[int | str, ...]] = set()
+    for err in e.errors():
+        loc = tuple(err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, LocatedError):
+            lines += [_line(path, marked.where(loc + sub, key=True), loc + sub, msg) for sub, msg in cause.problems]
+            continue
+        value = marked.present(loc)
+        if err["type"] not in _KEY_ERRORS and len(value) < len(loc):  # loc goes on into a union's members
+            if value not in unions:
+                unions.add(value)
+                valid = _field_description(value) or "see docs/specs.md"
+                lines.append(_line(path, marked.where(value), value, f"got {err.get('input')!r}; valid: {valid}"))
+            continue
+        unknown = err["type"] == "extra_forbidden"
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        msg = f"unknown key{_unknown_key_hint(loc)}" if unknown else f"{err['msg']}{got}"
+        lines.append(_line(path, marked.where(loc, key=unknown), loc, msg))
+    return lines
+
+
+def _line(path: Path, mark: yaml_marks.Mark | None, loc: tuple[int | str, ...], msg: str) -> str:
+    where = f"{path}:{mark.line}:{mark.column}" if mark else str(path)
+    return f"  {where}: {_field_path(loc)}: {msg}"
+
+
+def _name_mismatch(path: Path, name: Any, marked: yaml_marks.Marked) -> str | None:
+    """The error line for a valid ``name`` that differs from the file's stem: the package is generated/<name>/, so
+    a copy of ada.yaml saved as rtx4090.yaml with `name: ada` left in would overwrite ada's package."""
+    stem = _stem_name(path)
+    if not isinstance(name, str) or not re.match(NAME_PATTERN, name) or name == stem:
+        return None
+    fix = f"rename the file to {name}.yaml"
+    if re.match(NAME_PATTERN, stem):
+        fix = f"set `name: {stem}` (or remove the `name:` line: the stem is the default), or {fix}"
+    return _line(path, marked.where(("name",)), ("name",),
+                 f"{name!r} differs from the file's stem {path.stem!r}: this spec would render into "
+                 f"generated/{name}/, the package of {name}.yaml. To fix it, {fix}")
+
+
+def _stem_name(path: Path) -> str:
+    """The package name a spec file's stem gives (its default ``name``)."""
+    return re.sub(r"[^a-z0-9_]", "_", path.stem.lower())
+
+
 def load_spec(path: str | Path) -> Spec:
     """Read and validate a spec file; every problem is a SpecError naming the file, line, column and field."""
     path = Path(path)
@@ -261,17 +342,13 @@ def load_spec(path: str | Path) -> Spec:
     raw = marked.data
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a spec is a mapping with keys name, targets, variants (got {type(raw).__name__})")
-    raw.setdefault("name", re.sub(r"[^a-z0-9_]", "_", path.stem.lower()))
+    raw.setdefault("name", _stem_name(path))
+    mismatch = _name_mismatch(path, raw["name"], marked)
+    lines = [mismatch] if mismatch else []
     try:
-        return Spec.model_validate(raw)
+        spec = Spec.model_validate(raw)
     except ValidationError as e:
-        lines = [f"{path}: invalid spec"]
-        for err in e.errors():
-            loc = tuple(err["loc"])
-            unknown = err["type"] == "extra_forbidden"
-            mark = marked.where(loc, key=unknown)
-            where = f"{path}:{mark.line}:{mark.column}" if mark else str(path)
-            got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
-            msg = f"unknown key{_unknown_key_hint(loc)}" if unknown else f"{err['msg']}{got}"
-            lines.append(f"  {where}: {_field_path(loc)}: {msg}")
-        raise SpecError("\n".join(lines)) from None
+        lines = _error_lines(e, marked, path) + lines
+    if lines:
+        raise SpecError("\n".join([f"{path}: invalid spec", *lines]))
+    return spec

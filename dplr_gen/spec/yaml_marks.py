@@ -41,6 +41,14 @@ class Marked:
                 return self.values[tuple(loc[:n])]
         return None
 
+    def present(self, loc: Loc) -> Loc:
+        """The longest prefix of ``loc`` that the file has a value at (beyond it: keys the file lacks, or the
+        members of a union that pydantic tried)."""
+        n = len(loc)
+        while n and tuple(loc[:n]) not in self.values:
+            n -= 1
+        return tuple(loc[:n])
+
 
 def load(path: Path) -> Marked:
     """Parse ``path`` (safe constructors only); syntax errors name the file, line and column."""

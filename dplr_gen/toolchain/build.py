@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 from filelock import FileLock, Timeout
 from packaging.version import Version
 
-from . import cache
+from . import cache, clean
 from .compile import Cancel, CompileOutcome, job_for, run_in_subprocess
 from ..render.render import GENERATOR_VERSION, TEMPLATE_FOR_OP, render_template, render_unit, source_hash
 from ..spec.models import Spec, load_spec
@@ -180,12 +180,13 @@ def build(
     jobs: int = 2,
     force: bool = False,
     out_root: Path | None = None,
-    on_progress: Callable[[str, int, int], None] | None = None,
+    on_progress: Callable[[str, int, int, int], None] | None = None,
     stubs: bool = True,
     on_wait: Callable[[str], None] | None = None,
 ) -> BuildReport:
     """Render, compile and record the spec's package. ``force``: compile every kernel again, even those in the
-    cache. ``on_progress(unit, done, total)``: once with done = 0 before the compiles, then after each unit.
+    cache. ``on_progress(unit, done, total, failed)``: once with done = 0 before the compiles, then after each unit
+    (``failed``: how many of the ``done`` failed).
     ``on_wait(message)``: called once if another build holds the package's lock (this one then waits for it)."""
     t0 = time.perf_counter()
     p = plan(spec_path, out_root)
@@ -198,6 +199,8 @@ def build(
         report.up_to_date = not force and manifest_is_current(p, read_manifest(p.out_dir), root)
         if not report.up_to_date:
             _compile_and_record(p, root, jobs, report, on_progress, force)
+        # the cache learns which packages use its entries, so that cleaning another spec keeps them
+        clean.register(p.out_dir / MANIFEST, root)
     if stubs:
         report.stubs = build_launch_stubs(p.out_dir)
     report.seconds = time.perf_counter() - t0
@@ -239,7 +242,7 @@ def package_lock(out_dir: Path, on_wait: Callable[[str], None] | None = None) ->
 
 
 def _compile_and_record(
-    p: Plan, root: Path, jobs: int, report: BuildReport, on_progress: Callable[[str, int, int], None] | None,
+    p: Plan, root: Path, jobs: int, report: BuildReport, on_progress: Callable[[str, int, int, int], None] | None,
     force: bool = False,
 ) -> None:
     """Compile every unit (in subprocesses, ``jobs`` at once) into the cache, then write the manifest last.
@@ -249,7 +252,7 @@ def _compile_and_record(
                 for u in p.units]
     report.recompiled = force
     if on_progress:
-        on_progress("", 0, len(job_list))
+        on_progress("", 0, len(job_list), 0)
     cancel = Cancel()
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
@@ -258,7 +261,7 @@ def _compile_and_record(
             outcome = fut.result()
             report.outcomes.append(outcome)
             if on_progress:
-                on_progress(outcome.unit, n, len(job_list))
+                on_progress(outcome.unit, n, len(job_list), len(report.failures))
     except KeyboardInterrupt:
         # stop within seconds: no queued compile starts, running ones are terminated. Finished kernels are in
         # the cache (each entry written atomically), so a rerun compiles only the rest. No manifest is written.

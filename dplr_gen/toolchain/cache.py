@@ -20,12 +20,14 @@ from typing import Any, Iterator
 import platformdirs
 from filelock import FileLock
 
+from . import settings
+
 META = "meta.json"
 
 
 def cache_root() -> Path:
-    env = os.environ.get("DPLR_GEN_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("dplr-gen"))
+    """DPLR_GEN_CACHE_DIR (a folder, made absolute: manifests record it), else the user's cache folder."""
+    return settings.directory("DPLR_GEN_CACHE_DIR") or Path(platformdirs.user_cache_dir("dplr-gen"))
 
 
 def cache_key(**parts: Any) -> str:
@@ -37,6 +39,12 @@ def cache_key(**parts: Any) -> str:
 
 def entry_dir(key: str, triton_version: str, root: Path | None = None) -> Path:
     return (root or cache_root()) / f"triton-{triton_version}" / key[:2] / key
+
+
+def present(key: str, triton_version: str, root: Path | None = None) -> bool:
+    """Whether the entry is complete: one stat of its meta.json, cheap enough to check every kernel of a spec
+    whenever a status says "built"."""
+    return (entry_dir(key, triton_version, root) / META).is_file()
 
 
 def read_entry(key: str, triton_version: str, root: Path | None = None) -> dict[str, Any] | None:
