@@ -19,10 +19,10 @@ TINY = ["--device", "cpu", "--dtype", "float32", "--steps", "3", "--batch", "1",
         "--warmup", "1", "--budget", "240"]
 
 
-def _run(tmp_path: Path, pythonpath: list[str]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def _run(tmp_path: Path, pythonpath: list[str], *extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     env = dict(os.environ, TRITON_INTERPRET="1", OUT=str(tmp_path / "out"),
                PYTHONPATH=os.pathsep.join([*pythonpath, str(REPO)]))
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "fla_model_check.py"), *TINY], env=env,
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "fla_model_check.py"), *TINY, *extra], env=env,
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     path = tmp_path / "out" / "fla_model_check.json"
     assert path.exists(), proc.stderr[-3000:]
@@ -30,7 +30,7 @@ def _run(tmp_path: Path, pythonpath: list[str]) -> tuple[subprocess.CompletedPro
 
 
 def test_with_a_standin_fla_every_phase_runs_and_dplr_gen_is_reached(tmp_path: Path) -> None:
-    proc, rec = _run(tmp_path, [str(write_standin(tmp_path / "fla_pkg"))])
+    proc, rec = _run(tmp_path, [str(write_standin(tmp_path / "fla_pkg"))], "--fla-max-configs", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     ph = rec["phases"]
     assert {n: p["status"] for n, p in ph.items()} == {
@@ -48,6 +48,7 @@ def test_with_a_standin_fla_every_phase_runs_and_dplr_gen_is_reached(tmp_path: P
     assert "has no attribute 'generate'" in ph["decode fla"]["generate_error"]  # recorded, not fatal
     assert rec["machine"]["device"] == "cpu" and "triton" in rec["machine"]
     assert "tokens match: True" in proc.stdout.splitlines()[-1]
+    assert rec["args"]["fla_max_configs"] == 2 and "(fla autotune limited to 2 configs)" in proc.stdout
 
 
 def test_without_fla_each_phase_records_why(tmp_path: Path) -> None:
