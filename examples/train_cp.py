@@ -6,14 +6,14 @@ the recurrence across the ranks (dplr_gen/cp.py).
 
 CPU (Triton's interpreter, tiny sizes): TRITON_INTERPRET=1 torchrun --nproc-per-node 2 examples/train_cp.py --device cpu --backend gloo
 
-Data: each step a new packed batch of sequences (lengths 1/4 to 2 x the tokens per rank, so sequences cross the
-ranks' boundaries), each an arithmetic progression mod the vocabulary with its own start and stride (1 to 8): the
+Data: each step a new packed batch of sequences (lengths 1/8 to 1 x the tokens per rank, so some sequences cross
+the ranks' boundaries), each an arithmetic progression mod the vocabulary with its own start and stride (1 to 8): the
 next token is predictable from the two before it, so the loss falls from ln(vocab) as the model learns that. Every
 rank builds the same batch from the step's seed and takes its slice; the labels (the next token of the same
 sequence) are formed on the whole batch, so the last token of a slice gets its label from the next rank's first.
 The model is replicated: the loss is the sum over the rank's tokens divided by the batch's labelled tokens, and
-the gradients are summed over the ranks. --check (on by default) compares the first batch's loss with rank 0
-running the whole batch alone (no context parallelism). Build the GPU's package first (`dplr-gen build
+the gradients are summed over the ranks. The first batch's loss is checked against rank 0 running the whole batch
+alone, without context parallelism (--no-check skips that). Build the GPU's package first (`dplr-gen build
 specs/hopper.yaml`), or the first step compiles its kernels.
 """
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     T = args.tokens_per_rank
     total = T * world
-    lo, hi = max(1, T // 4), 2 * T
+    lo, hi = max(1, T // 8), T  # several sequences a rank, some across its boundaries
     say(f"{world} ranks ({args.backend}, {args.device}), {total} tokens a batch ({T} a rank), "
         f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
 
@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
         opt.zero_grad(set_to_none=True)
         total_loss = loss.detach().clone()
         dist.all_reduce(total_loss)
-        say(f"step {step:4d}  loss {total_loss.item():.4f}  ({len(cu) - 1} sequences)", flush=True)
+        across = sum(r * T not in cu for r in range(1, world))  # rank boundaries inside a sequence
+        say(f"step {step:4d}  loss {total_loss.item():.4f}  ({len(cu) - 1} sequences, {across} across ranks)",
+            flush=True)
         if step == 0 and args.check:
             check(model, args, rank, tokens, labels, cu, n_labels, device, dtype, total_loss.item())
     if args.device == "cuda":

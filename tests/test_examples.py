@@ -34,9 +34,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
 def test_train_cp_on_two_gloo_ranks(trained: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     proc, ckpt = trained
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    steps = re.findall(r"^step +(\d+) +loss (\d+\.\d+) +\((\d+) sequences\)$", proc.stdout, re.M)
+    steps = re.findall(r"^step +(\d+) +loss (\d+\.\d+) +\((\d+) sequences, (\d) across ranks\)$", proc.stdout,
+                       re.M)
     assert [int(s[0]) for s in steps] == [0, 1, 2], proc.stdout  # printed once (rank 0), every step
     assert all(0 < float(s[1]) < 10 for s in steps)
+    assert int(steps[0][3]) == 1  # the checked batch has a sequence across the ranks' boundary
     assert "2 ranks (gloo, cpu), 64 tokens a batch (32 a rank)" in proc.stdout
     assert re.search(r"^check: .* match \(tolerance 1e-05\)$", proc.stdout, re.M), proc.stdout
     assert ckpt.exists()
