@@ -20,8 +20,8 @@ alone). Code outside fla that bound fla's functions by name before the switch ke
 
 Process-wide, as the layer's lookup is: one thread's ``enabled()`` block routes every thread's layers until the
 last open block exits (blocks count; ``enable()`` holds it on until ``disable()``, which ends it at once, open
-blocks included). Calls already running finish with the function they started with. A graph that torch.compile
-traced keeps the function it traced (Dynamo guards on the global, so a switch causes a recompile). fla itself is
+blocks included). Calls already running finish with the function they started with; a graph torch.compile
+traced calls the function it traced until it is traced again (turn the switch on before compiling). fla itself is
 imported only when the switch is turned on; without it that raises an ImportError naming the package to install.
 """
 
