@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from .runtime import chunk_api as api
 from .runtime import chunk_driver as cd
 from .runtime import gate_check
 
@@ -104,6 +105,15 @@ class CPContext:
     @property
     def num_sequences(self) -> int:
         return len(self.offsets) - 1
+
+    def run(self, names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Tensor, ...], scale: Any,
+            initial_state: Any, output_final_state: bool, cu_seqlens: Any, cu_seqlens_cpu: Any,
+            chunk_size: Optional[int], lower_bound: Optional[float]
+            ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The chunk op on this rank's slice: what the op calls for ``cp_context=self``. The context carries it
+        so that the op (runtime layer) reaches context parallelism without importing this module."""
+        return run(names, package, tensors, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,
+                   chunk_size, lower_bound, self)
 
 
 def build_cp_context(cu_seqlens: torch.Tensor, group: Any = None, conv1d_kernel_size: Optional[int] = None,
@@ -508,8 +518,6 @@ class _CPChunk(torch.autograd.Function):
     @staticmethod
     def forward(fctx: Any, call: _Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                 b: torch.Tensor, g: torch.Tensor, h0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from .runtime import ops
-
         ctx, lay = call.ctx, _Layout.of(call.ctx)
         _, T, H, K = q.shape
         V = v.shape[-1]
@@ -519,8 +527,8 @@ class _CPChunk(torch.autograd.Function):
         promise = gate_check.promise_for(g, call.kernel_bound)  # each piece's prep checks its rows
         summary = torch.zeros((H, K, V + K), dtype=torch.float32, device=dev)
         if call.dense is not None:
-            ks, var = ops._kernels(call.pkg, call.dense, dev)
-            xd = (q, k, v, a, b, g.to(ops.TORCH_DTYPES[var.gate_dtype]))
+            ks, var = api.kernels(call.pkg, call.dense, dev)
+            xd = (q, k, v, a, b, g.to(api.TORCH_DTYPES[var.gate_dtype]))
         enter = leave = None
         leave_start = None
         # what the next ranks wait for: the map of the sequence leaving this slice
@@ -549,12 +557,12 @@ class _CPChunk(torch.autograd.Function):
         # what needs no other rank's summary
         if lay.mids:
             cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
-            gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
+            gm = g.to(api.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
             xm = _rows((q, k, v, a, b, gm), lay.mid_lo, lay.mid_hi)
             ids = list(lay.mids)
-            o[:, lay.mid_lo:lay.mid_hi], ht[ids] = ops._chunk_fwd_run(
-                call.pkg, call.mids, *xm, h0[ids].contiguous(), cu, call.scale, False,
-                offsets=offs if cu is not None else None, lower_bound=call.kernel_bound)[:2]
+            o[:, lay.mid_lo:lay.mid_hi], ht[ids] = api.chunk_forward(
+                call.pkg, call.mids, *xm, h0[ids].contiguous(), cu, call.scale,
+                offsets=offs if cu is not None else None, lower_bound=call.kernel_bound)
         if leave is not None:
             leave.walk(leave_start, o[:, lay.leave_lo:])
         summaries = gather.result()
@@ -572,8 +580,6 @@ class _CPChunk(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx: Any, do: torch.Tensor, dht: torch.Tensor) -> tuple[Any, ...]:
-        from .runtime import ops
-
         call: _Call = fctx.call
         ctx, lay = call.ctx, _Layout.of(call.ctx)
         q, k, v, a, b, g, h0 = fctx.saved_tensors
@@ -585,8 +591,8 @@ class _CPChunk(torch.autograd.Function):
         dh0 = torch.zeros_like(h0)
         parts: list[tuple[tuple[torch.Tensor, ...], int, int]] = []
         if call.dense is not None:
-            ks, var = ops._kernels(call.pkg, call.dense, dev)
-            xd = (q, k, v, a, b, g.to(ops.TORCH_DTYPES[var.gate_dtype]))
+            ks, var = api.kernels(call.pkg, call.dense, dev)
+            xd = (q, k, v, a, b, g.to(api.TORCH_DTYPES[var.gate_dtype]))
         # what the previous ranks wait for: the gradient reaching the entering state from this slice's outputs
         # (and, where the entering sequence ends here, from its final state's gradient)
         G = torch.zeros((H, K, V), dtype=torch.float32, device=dev)
@@ -603,11 +609,11 @@ class _CPChunk(torch.autograd.Function):
         # what needs no other rank's gradient
         if lay.mids:
             cu, offs = _local_cu(lay.mid_lo, lay.mid_hi, ctx, dev)
-            gm = g.to(ops.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
+            gm = g.to(api.TORCH_DTYPES[call.package.variants[call.mids].gate_dtype])
             ids = list(lay.mids)
-            *part, dh0[ids] = ops._chunk_bwd_run(
+            *part, dh0[ids] = api.chunk_backward(
                 call.pkg, call.mids, *_rows((q, k, v, a, b, gm), lay.mid_lo, lay.mid_hi), h0[ids].contiguous(), cu,
-                call.scale, do[:, lay.mid_lo:lay.mid_hi], dht[ids].contiguous(), None, None,
+                call.scale, do[:, lay.mid_lo:lay.mid_hi], dht[ids].contiguous(),
                 offsets=offs if cu is not None else None)
             parts.append((tuple(part), lay.mid_lo, lay.mid_hi))
         if lay.enter and not lay.span:
@@ -653,8 +659,6 @@ def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Ten
     """A chunk op (q, k, v, a, b, gk in ``tensors``, named ``names``) on this rank's slice under ``cp_context``.
     Each rank checks its arguments, then the ranks exchange a descriptor of their calls: an error on one rank is
     raised on every rank (its own message there, a pointer to it elsewhere) instead of leaving the others waiting."""
-    from .runtime import ops
-
     ctx = cp_context
     if not isinstance(ctx, CPContext):
         raise TypeError(f"cp_context must come from dplr_gen.cp.build_cp_context, got {type(ctx).__name__}")
@@ -675,9 +679,9 @@ def run(names: tuple[str, ...], package: "SpecPackage", tensors: tuple[torch.Ten
         err = e
     if ctx.world_size == 1:  # a group of one: the plain op on the whole batch
         single = ctx.num_sequences == 1
-        return ops._run("chunk", package, names, tensors, scale, initial_state, output_final_state,
-                        None if single else ctx.cu_seqlens.to(tensors[0].device),
-                        None if single else ctx.cu_seqlens_cpu, chunk_size, lower_bound)
+        return api.run(package, names, tensors, scale, initial_state, output_final_state,
+                       None if single else ctx.cu_seqlens.to(tensors[0].device),
+                       None if single else ctx.cu_seqlens_cpu, chunk_size, lower_bound)
     confirm = _start_agreement(ctx, info, err)
     if err is not None:
         confirm()  # raises: this rank's error, or the ranks' disagreement that may have caused it
@@ -695,15 +699,13 @@ def _check_call(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...], scale
                 cu_seqlens: Any, chunk_size: Optional[int], lower_bound: Optional[float], ctx: CPContext
                 ) -> dict[str, Any]:
     """This rank's argument checks; returns the checked shapes, dtypes and scale."""
-    from .runtime import ops
-
     if cu_seqlens is not None and not (cu_seqlens is ctx.cu_seqlens or (
             isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.tolist() == ctx.cu_seqlens_cpu.tolist())):
         raise ValueError("cu_seqlens: under cp_context the rank's sequence boundaries come from the context "
                          "(cp_context.cu_seqlens); pass cu_seqlens=None")
-    info = ops._check_inputs(names, tensors, scale, None, None, None)
+    info = api.check_inputs(names, tensors, scale)
     info.update(dtype=tensors[0].dtype, gate_dtype=tensors[5].dtype)
-    ops._check_keywords(chunk_size, lower_bound)
+    api.check_keywords(chunk_size, lower_bound)
     B, T, H, K, V = (info[n] for n in ("B", "T", "H", "K", "V"))
     if B != 1:
         raise ValueError(f"under cp_context the batch is packed: {names[0]} must be [1, T_local, H, K], got B = {B}")
@@ -739,17 +741,15 @@ def _variants(package: "SpecPackage", tensors: tuple[torch.Tensor, ...], chunk_s
               lower_bound: Optional[float], ctx: CPContext) -> tuple[Optional[str], Optional[str]]:
     """(the dense variant of the sequences crossing this rank's boundaries, the variant of those inside it (varlen
     if several, else dense)); None where there are none."""
-    from .runtime import ops
-
     if ctx.world_size == 1:
         return None, None
     q, _, v, _, _, g = tensors
     lay = _Layout.of(ctx)
     dense = mids = None
     if lay.enter or lay.leave_id is not None:
-        dense = ops.variant_for(package, "chunk", q, v, g, None, chunk_size, lower_bound)
-        _need_maps(*ops._kernels(package.dir_str, dense, q.device))
+        dense = api.variant_for(package, q, v, g, None, chunk_size, lower_bound)
+        _need_maps(*api.kernels(package.dir_str, dense, q.device))
     if lay.mids:
-        mids = ops.variant_for(package, "chunk", q, v, g, ctx.cu_seqlens if len(lay.mids) > 1 else None, chunk_size,
+        mids = api.variant_for(package, q, v, g, ctx.cu_seqlens if len(lay.mids) > 1 else None, chunk_size,
                                lower_bound)
     return dense, mids

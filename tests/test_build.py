@@ -223,6 +223,10 @@ def test_build_keeps_launch_stubs_for_every_built_kernel(small_spec: Path, tmp_p
     (kernels, keep_in), = seen
     assert {k.compiled.name for k in kernels} == {k["kernel"] for u in manifest["units"].values() for k in u["kernels"]}
     assert keep_in == (Path(manifest["cache_root"]), manifest["triton_version"])
+    # the build's own path (where a GPU is usable) finds the same kernels without the runtime's loader
+    monkeypatch.setattr(b, "_cuda_usable", lambda: True)
+    assert "built or found for 4 kernels" in b.build_launch_stubs(out / "small")
+    assert {k.compiled.name for k in seen[-1][0]} == {k.compiled.name for k in kernels}
     (out / "small" / "manifest.json").unlink()
     with pytest.raises(loader.NotBuiltError, match="dplr-gen build"):
         loader.package_at(out / "small").build_launch_stubs()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# head dims K and V any variant may have (the templates' tiles are powers of two from 16 to 256, masked)
-HEAD_DIM_MIN, HEAD_DIM_MAX = 16, 256
+# the head dims any variant may have: a spec-level limit, named here too for the run-time checks
+from ..spec.limits import HEAD_DIM_MAX, HEAD_DIM_MIN  # noqa: F401
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,13 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..toolchain import cache, settings
-from ..toolchain.compile import import_source
+from ..toolchain import cache, package_kernels, settings
+# (re-exported: the CLI and ondemand read them here)
+from ..toolchain.package_kernels import KEEP_STUBS_ENV, keeps_stubs, load_cached_kernels  # noqa: F401
 from ..plan.variant import Variant
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 NO_JIT_ENV = "DPLR_GEN_NO_JIT"
-KEEP_STUBS_ENV = "DPLR_GEN_KEEP_STUBS"  # "0": launch stubs stay in Triton's cache only
 SPEC_ENV = "DPLR_GEN_SPEC"
 
 
@@ -46,11 +46,6 @@ def env_flag(name: str, default: bool) -> bool:
 
 def interpreting() -> bool:
     return env_flag("TRITON_INTERPRET", False)
-
-
-def keeps_stubs() -> bool:
-    """Whether launch stubs are kept in (and looked up in) dplr-gen's cache (KEEP_STUBS_ENV, on by default)."""
-    return env_flag(KEEP_STUBS_ENV, True)
 
 
 @functools.cache
@@ -162,24 +157,6 @@ def interpreted_kernel_set(module: Any) -> KernelSet:
     return KernelSet(module, None)
 
 
-def load_cached_kernels(module: Any, records: list[tuple[str, str]], root: Path) -> tuple[dict[str, Any] | None, str]:
-    """The kernels (name, cache key) of ``records`` from dplr-gen's cache under ``root`` for this process's Triton
-    release, launchable without compiling; or None and why not."""
-    from ..toolchain import launch, triton_versions
-
-    installed = str(triton_versions.triton_version())
-    out: dict[str, Any] = {}
-    for name, key in records:
-        meta = cache.read_entry(key, installed, root)
-        if meta is None:
-            return None, f"its cache entry for {name} is missing under {root}"
-        out[name] = launch.load_kernel(
-            getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
-            cache.entry_dir(key, installed, root), meta["triton_metadata"].get("hash", key),
-        )
-    return out, ""
-
-
 class SpecPackage:
     """One generated/<spec>/ folder: its index, its manifest, and the kernel sets it can provide."""
 
@@ -196,6 +173,8 @@ class SpecPackage:
             name: Variant(**entry["params"]) for name, entry in self.index["variants"].items()
         }
         self._kernel_sets: dict[tuple[str, str], KernelSet] = {}
+        # the kernels of each variant generated on demand, from whoever added it (add_variant)
+        self._providers: dict[str, Callable[[SpecPackage, Variant, str], KernelSet]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -207,10 +186,7 @@ class SpecPackage:
         return self.index.get("spec_file", f"specs/{self.name}.yaml")
 
     def manifest(self) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.dir / "manifest.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return package_kernels.read_manifest(self.dir)
 
     def target_for(self, device: torch.device) -> str:
         if device.type == "cpu":
@@ -239,10 +215,13 @@ class SpecPackage:
                 self._kernel_sets[key] = self._load(variant, target)
             return self._kernel_sets[key]
 
-    def add_variant(self, v: Variant) -> str:
-        """Make variant ``v`` (one generated on demand, dplr_gen.runtime.ondemand) selectable in this process; its name."""
+    def add_variant(self, v: Variant, kernels: Callable[[SpecPackage, Variant, str], KernelSet]) -> str:
+        """Make variant ``v`` (one generated on demand, dplr_gen.runtime.ondemand) selectable in this process; its
+        name. ``kernels(package, v, target)`` provides its kernels: the loader does not import the module that
+        generates them (which imports the loader)."""
         with self._lock:
             self.variants.setdefault(v.name, v)
+            self._providers.setdefault(v.name, kernels)
         return v.name
 
     def built(self, variant: str) -> bool:
@@ -251,9 +230,7 @@ class SpecPackage:
 
     def _load(self, variant: str, target: str) -> KernelSet:
         if not self.built(variant):
-            from . import ondemand
-
-            return ondemand.kernel_set(self, self.variants[variant], target)
+            return self._providers[variant](self, self.variants[variant], target)
         entry = self.index["variants"][variant]["targets"][target]
         module = self._import_unit(entry)
         from ..toolchain import launch_stubs, triton_versions
@@ -292,26 +269,8 @@ class SpecPackage:
         unit = self.index["variants"][variant]["targets"].get(target, {}).get("unit")
         return not self._not_built(self.manifest(), unit)
 
-    @staticmethod
-    def _not_built(manifest: dict[str, Any] | None, unit: str | None) -> str:
-        """Why ``manifest`` (this package's) names no compiled kernels of ``unit`` for this process's Triton
-        release; "" where it does."""
-        from ..toolchain import triton_versions
-
-        if manifest is None:
-            return "the package has not been built on this machine (no manifest.json)"
-        installed = str(triton_versions.triton_version())
-        if manifest["triton_version"] != installed:
-            return f"it was built with Triton {manifest['triton_version']}, this process has {installed}"
-        if unit not in manifest["units"]:
-            return "the last build did not produce it"
-        # a manifest outlives its kernels where the cache was cleaned: "built" only while every entry is there
-        root = Path(manifest.get("cache_root") or cache.cache_root())
-        kernels = manifest["units"][unit].get("kernels", [])
-        gone = [k["kernel"] for k in kernels if not cache.present(k["key"], installed, root)]
-        if gone:
-            return f"its kernels {', '.join(gone)} are gone from the cache {root} (`dplr-gen build` compiles them again)"
-        return ""
+    # the package's compiled kernels as the build wrote them (toolchain.package_kernels, shared with the build)
+    _not_built = staticmethod(package_kernels.not_built)
 
     def build_state(self) -> str:
         """Whether the package is built here for this process's Triton release, in the words that `dplr-gen doctor`
@@ -332,46 +291,24 @@ class SpecPackage:
 
     def _import_unit(self, target_entry: dict[str, Any]) -> Any:
         """The rendered module of one (variant, target) entry of the index."""
-        unit = target_entry["unit"]
-        return import_source(self.dir / target_entry["source"], f"dplr_gen_kernels.{self.name}.{unit}")
+        return package_kernels.unit_module(self.dir, self.name, target_entry)
 
     def _load_aot(self, module: Any, unit: str, manifest: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
         """The unit's kernels from the cache entries ``manifest`` (this package's, as read by the caller) names,
         or None and why not."""
-        why = self._not_built(manifest, unit)
-        if why:
-            return None, why
-        assert manifest is not None  # _not_built says why otherwise
-        records = [(rec["kernel"], rec["key"]) for rec in manifest["units"][unit]["kernels"]]
-        return load_cached_kernels(module, records, self._cache_root(manifest))
-
-    def _cache_root(self, manifest: dict[str, Any]) -> Path:
-        return Path(manifest.get("cache_root") or cache.cache_root())
+        return package_kernels.aot_kernels(module, unit, manifest)
 
     def _stub_store(self, manifest: dict[str, Any] | None) -> tuple[Path, str] | None:
         """Where launch stubs are kept beside this package's kernels (see launch_stubs.driver_modules_kept_in)."""
-        if manifest is None or not keeps_stubs():
-            return None
-        return self._cache_root(manifest), manifest["triton_version"]
+        return package_kernels.stub_store(manifest)
 
     def build_launch_stubs(self) -> int:
         """Build (or find) the launch stubs of every kernel this package's manifest names and keep them in
         dplr-gen's cache, so that a fresh process on this machine, even with an empty Triton cache, compiles
         none. Needs Triton's CUDA driver (a GPU); returns the number of kernels covered."""
-        from ..toolchain import launch_stubs
-
-        manifest = self.manifest()
-        if manifest is None:
+        if self.manifest() is None:
             raise NotBuiltError(f"{self.dir} has no manifest.json: run `dplr-gen build {self.spec_file}` first")
-        kernels: list[Any] = []
-        for entry in self.index["variants"].values():
-            for t in entry["targets"].values():
-                if t["unit"] not in manifest["units"]:
-                    continue
-                aot, _ = self._load_aot(self._import_unit(t), t["unit"], manifest)
-                kernels.extend((aot or {}).values())
-        launch_stubs.warm_launchers(kernels, keep_in=self._stub_store(manifest))
-        return len(kernels)
+        return package_kernels.build_launch_stubs(self.dir)
 
 
 class KnownMiscompileError(RuntimeError):

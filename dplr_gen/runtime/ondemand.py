@@ -110,7 +110,7 @@ def provide(package: "SpecPackage", op: str, dtype: str, K: int, V: int, varlen:
     v = choose(package, op, dtype, K, V, varlen, lower_bound, gate_dtype)
     if env_flag(NO_JIT_ENV, False):
         raise ValueError(not_built_message(package, v, describe(op, dtype, K, V, varlen, gate_dtype, lower_bound)))
-    return package.add_variant(v)
+    return package.add_variant(v, kernel_set)
 
 
 def spec_entry(v: Variant) -> str:

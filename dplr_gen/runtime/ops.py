@@ -494,11 +494,13 @@ def _run(
     """``mul_ab`` (fused recurrent op): the tensors' a is RWKV-7's kk and b its rate a; the recurrence runs with
     -kk and kk * a."""
     _check_keywords(chunk_size, lower_bound)
-    if cp_context is not None:  # the rank's slice of a batch split over a process group (cp.py)
-        from .. import cp
-
-        return cp.run(names, package, tensors, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, chunk_size, lower_bound, cp_context)
+    if cp_context is not None:  # the rank's slice of a batch split over a process group (dplr_gen/cp.py)
+        # the context runs it: the runtime never imports dplr_gen.cp, the layer above it
+        run_slice = getattr(cp_context, "run", None)
+        if not callable(run_slice):
+            raise TypeError(f"cp_context must come from dplr_gen.cp.build_cp_context, got {type(cp_context).__name__}")
+        return run_slice(names, package, tensors, scale, initial_state, output_final_state, cu_seqlens,
+                         cu_seqlens_cpu, chunk_size, lower_bound)
     grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (*tensors, initial_state))
     if mul_ab and grad:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import yaml_marks
 from .arch import UnknownArchError, get_arch
-from ..plan.variant import HEAD_DIM_MAX, HEAD_DIM_MIN
+from .limits import HEAD_DIM_MAX, HEAD_DIM_MIN
 
 DType = Literal["bf16", "fp16", "fp32"]
 Op = Literal["chunk", "fused_recurrent"]

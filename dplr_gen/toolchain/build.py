@@ -298,8 +298,8 @@ def build_launch_stubs(out_dir: Path) -> str:
     variant on a GPU builds and keeps them. Returns a line for the build report."""
     if not _cuda_usable():
         return "launch stubs: no CUDA GPU here, built and kept by the first process that loads a variant on one"
-    from ..runtime.loader import package_at
+    from .package_kernels import build_launch_stubs as keep_stubs
 
     t0 = time.perf_counter()
-    n = package_at(out_dir).build_launch_stubs()
+    n = keep_stubs(out_dir)
     return f"launch stubs: built or found for {n} kernels in {time.perf_counter() - t0:.1f} s"

@@ -1,0 +1,123 @@
+"""A built package's compiled kernels, read from its folder (generated/<spec>/: index.json, manifest.json) and
+dplr-gen's cache, without the runtime: the build keeps their launch stubs with them (build_launch_stubs) and the
+runtime's loader loads them through the same functions. Here, in the toolchain layer, so that the build never
+imports the runtime above it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from . import cache
+from .compile import import_source
+
+KEEP_STUBS_ENV = "DPLR_GEN_KEEP_STUBS"  # "0": launch stubs stay in Triton's cache only
+
+
+def keeps_stubs() -> bool:
+    """Whether launch stubs are kept in (and looked up in) dplr-gen's cache (KEEP_STUBS_ENV, on by default;
+    empty or "0" turns it off)."""
+    value = os.environ.get(KEEP_STUBS_ENV)
+    return value is None or value not in ("", "0")
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The package's manifest.json (written last by a build), or None where it has none (or a torn one)."""
+    try:
+        return json.loads((Path(directory) / "manifest.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def unit_module(directory: Path, spec_name: str, target_entry: dict[str, Any]) -> Any:
+    """The rendered module of one (variant, target) entry of a package's index (one module name per unit, so
+    the build and the loader share it in a process)."""
+    unit = target_entry["unit"]
+    return import_source(Path(directory) / target_entry["source"], f"dplr_gen_kernels.{spec_name}.{unit}")
+
+
+def not_built(manifest: dict[str, Any] | None, unit: str | None) -> str:
+    """Why ``manifest`` (a package's) names no compiled kernels of ``unit`` for this process's Triton release;
+    "" where it does."""
+    from . import triton_versions
+
+    if manifest is None:
+        return "the package has not been built on this machine (no manifest.json)"
+    installed = str(triton_versions.triton_version())
+    if manifest["triton_version"] != installed:
+        return f"it was built with Triton {manifest['triton_version']}, this process has {installed}"
+    if unit not in manifest["units"]:
+        return "the last build did not produce it"
+    # a manifest outlives its kernels where the cache was cleaned: "built" only while every entry is there
+    root = cache_root_of(manifest)
+    gone = [k["kernel"] for k in manifest["units"][unit].get("kernels", [])
+            if not cache.present(k["key"], installed, root)]
+    if gone:
+        return f"its kernels {', '.join(gone)} are gone from the cache {root} (`dplr-gen build` compiles them again)"
+    return ""
+
+
+def cache_root_of(manifest: dict[str, Any]) -> Path:
+    """The cache the build that wrote ``manifest`` compiled into."""
+    return Path(manifest.get("cache_root") or cache.cache_root())
+
+
+def stub_store(manifest: dict[str, Any] | None) -> tuple[Path, str] | None:
+    """Where launch stubs are kept beside a package's kernels (see launch_stubs.driver_modules_kept_in)."""
+    if manifest is None or not keeps_stubs():
+        return None
+    return cache_root_of(manifest), manifest["triton_version"]
+
+
+def load_cached_kernels(module: Any, records: list[tuple[str, str]], root: Path) -> tuple[dict[str, Any] | None, str]:
+    """The kernels (name, cache key) of ``records`` from dplr-gen's cache under ``root`` for this process's Triton
+    release, launchable without compiling; or None and why not."""
+    from . import launch, triton_versions
+
+    installed = str(triton_versions.triton_version())
+    out: dict[str, Any] = {}
+    for name, key in records:
+        meta = cache.read_entry(key, installed, root)
+        if meta is None:
+            return None, f"its cache entry for {name} is missing under {root}"
+        out[name] = launch.load_kernel(
+            getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
+            cache.entry_dir(key, installed, root), meta["triton_metadata"].get("hash", key),
+        )
+    return out, ""
+
+
+def aot_kernels(module: Any, unit: str, manifest: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+    """A unit's kernels from the cache entries ``manifest`` (its package's) names, or None and why not."""
+    why = not_built(manifest, unit)
+    if why:
+        return None, why
+    assert manifest is not None  # not_built says why otherwise
+    records = [(rec["kernel"], rec["key"]) for rec in manifest["units"][unit]["kernels"]]
+    return load_cached_kernels(module, records, cache_root_of(manifest))
+
+
+def build_launch_stubs(directory: Path) -> int:
+    """Build (or find) the launch stubs of every kernel the package's manifest names and keep them in dplr-gen's
+    cache, so that a fresh process on this machine, even with an empty Triton cache, compiles none. Needs
+    Triton's CUDA driver (a GPU); returns the number of kernels covered. A FileNotFoundError where the package
+    has no manifest (not built)."""
+    from . import launch_stubs
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise FileNotFoundError(f"{directory} has no manifest.json: build its spec first")
+    index = json.loads((directory / "index.json").read_text())
+    kernels: list[Any] = []
+    for entry in index["variants"].values():
+        for t in entry["targets"].values():
+            if t["unit"] not in manifest["units"]:
+                continue
+            aot, _ = aot_kernels(unit_module(directory, index["spec"], t), t["unit"], manifest)
+            kernels.extend((aot or {}).values())
+    launch_stubs.warm_launchers(kernels, keep_in=stub_store(manifest))
+    return len(kernels)
