@@ -36,8 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import common as C  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-VARLEN = C.Shape(1, 32768, 32, 64, C.mixed_lengths(16, 32768, seed=0), name="varlen16x32768x32x64",
-                 cu_dtype="int32")
+VARLEN = C.Shape(1, 32768, 32, 64, C.mixed_lengths(16, 32768, seed=0), name="varlen16x32768x32x64")
 DENSE_EQUIV = C.Shape(1, 32768, 32, 64)  # the varlen case's tokens as one dense sequence
 DENSE_BATCH = C.Shape(16, 2048, 32, 64)  # ... and as 16 dense sequences of their mean length (as much parallelism)
 # the varlen case against each dense twin, same system: key of the ratio in the speed rows -> twin

@@ -530,7 +530,7 @@ def step_closures(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = No
     leaves = [xl[n] for n in INPUTS if xl.get(n) is not None]
 
     def boundaries() -> Any:
-        return cu_cpu.to(cu.device) if fresh_cu and cu is not None else cu
+        return cu_cpu.to(cu.device, copy=True) if fresh_cu and cu is not None else cu
 
     def fwd() -> Any:
         return op(xl, boundaries())
@@ -553,20 +553,27 @@ def wall_ms(fn: Callable[[], Any], device: Any, n: int = 50) -> float:
     return (time.perf_counter() - t0) / n * 1e3
 
 
-def graph_ms(fn: Callable[[], Any], device: Any, warmup: int = 10, rep: int = 50) -> tuple[float, Any, Any]:
-    """(median ms of replaying ``fn`` captured in a CUDA graph, the captured outputs, the graph): the device's
-    time of one call without the host's. Warmed up on a side stream first, as capture requires."""
+def capture(fn: Callable[[], Any], warm: int = 3) -> tuple[Any, Any]:
+    """(a CUDA graph of one call of ``fn``, the call's outputs in the graph's memory), warmed up on a side
+    stream first, as capture requires."""
     import torch
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warm):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = fn()
+    return g, out
+
+
+def graph_ms(fn: Callable[[], Any], device: Any, warmup: int = 10, rep: int = 50) -> tuple[float, Any, Any]:
+    """(median ms of replaying ``fn`` captured in a CUDA graph, the captured outputs, the graph): the device's
+    time of one call without the host's."""
+    g, out = capture(fn)
     g.replay()
     sync(device)
     return bench_ms(g.replay, device, warmup, rep), out, g

@@ -529,7 +529,6 @@ def compat(
                                "matches the templates, quirk registry and specs in the tree"),
 ) -> None:
     """Build every spec under several Triton releases (one venv each) and write docs/compat.md + .json."""
-    import json
     import shlex
 
     from .tools import compat as c

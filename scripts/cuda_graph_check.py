@@ -24,21 +24,6 @@ from benchmarks import common as C  # noqa: E402
 BOUND = 1e-5  # same kernels, same inputs: only the order of float atomics (none here) could differ
 
 
-def _capture(fn: Callable[[], Any]) -> tuple[Any, Any]:
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
-
-
 def _flat(out: Any) -> list[Any]:
     return [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if t is not None]
 
@@ -70,7 +55,7 @@ def chunk_case(pkg: Any, lengths: list[int] | None, cu_dtype: str, lower_bound: 
             return o, ht
         return (o, ht, *torch.autograd.grad((o, ht), [leaves[n] for n in C.INPUTS], (do, dht)))
 
-    g, static = _capture(call)
+    g, static = C.capture(call, warm=2)
     # new values in the same tensors (and, varlen, other lengths: the same count, the same total)
     y = C.rwkv7_case(B, T, 4, 64, dtype=torch.bfloat16, device="cuda", seed=seed + 1,
                      n_states=None if lengths is None else len(lengths))
@@ -110,7 +95,7 @@ def decode_case(pkg: Any, form: str, seed: int) -> dict[str, Any]:
                                                  output_final_state=True, **kw)
 
     before = state.clone()
-    g, static = _capture(call)
+    g, static = C.capture(call, warm=2)
     y = C.rwkv7_case(B, 1, H, D, dtype=torch.bfloat16, device="cuda", seed=seed + 1)
     for n in ("r", "w", "k", "v", "a", "b"):
         x[n].copy_(y[n])

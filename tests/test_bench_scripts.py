@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import importlib.util
 import json
 import math
@@ -71,7 +73,13 @@ def test_parse_shape() -> None:
             C.parse_shape(bad, bench.PRESETS)
     labels = [s.label for s in bench.SHAPES.values()]
     assert labels[:4] == ["4x4096x32x64", "8x4096x64x64", "8x2048x16x128", "1x4096x2x128"]
-    assert "1x32768x32x64" in labels and bench.VARLEN.label in labels
+    # the varlen call forms: int64 and int32 cu_seqlens reused, and a new int64 tensor each call; ragged too
+    assert {s.label for s in bench.CALL_FORMS} <= set(labels)
+    assert {(s.cu_dtype, s.fresh_cu) for s in bench.CALL_FORMS} == {("int64", False), ("int32", False), ("int64", True)}
+    assert any(any(n % 16 for n in s.lengths) for s in bench.CALL_FORMS)
+    assert all(sum(s.lengths) == s.T for s in bench.CALL_FORMS)
+    # the varlen case beside its dense twins stays available by name
+    assert "1x32768x32x64" in bench.PRESETS and bench.VARLEN.label in bench.PRESETS
 
 
 def test_rwkv7_case_is_deterministic_and_rwkv7_like() -> None:
@@ -107,7 +115,8 @@ def test_grad_outputs_and_cu_tensors() -> None:
     assert cu.tolist() == [0, 2, 6] and cpu.dtype == torch.int32
     assert C.cu_tensors((2, 4), "int64", "cpu")[0].dtype == torch.int64
     assert C.cu_tensors(None, "int32", "cpu") == (None, None)
-    assert C.SYSTEMS["dplr-fast"].cu_dtype == "int32" and C.SYSTEMS["fla-best"].cu_dtype == "int64"
+    # where a shape names no call form, every system gets int64 (fla-core's type hint)
+    assert {s.cu_dtype for s in C.SYSTEMS.values()} == {"int64"}
 
 
 def _naive_op(x, cu=None, cu_cpu=None):
@@ -195,7 +204,10 @@ def test_fla_kwargs_and_unavailable_fla(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "fla", None)  # import fla -> ImportError, whatever is installed
     with pytest.raises(ImportError, match="fla not available"):
         C.load_op(C.SYSTEMS["fla-best"], "unused")
-    assert set(C.SYSTEMS) == {"dplr-fast", "dplr-keep", "dplr-generic", "fla-best", "fla-default"}
+    assert set(C.SYSTEMS) == {"dplr-fast", "dplr-keep", "dplr-generic", "fla-best", "fla-default", "wind-cuda"}
+    monkeypatch.delenv(C.WIND_DIR_ENV, raising=False)
+    with pytest.raises(ImportError, match="the CUDA peer is not here"):
+        C.load_op(C.SYSTEMS["wind-cuda"], "unused", 64)
     assert dict(C.SYSTEMS["dplr-keep"].kwargs) == {"lower_bound": -0.61, "disable_recompute": True}
     assert dict(C.SYSTEMS["fla-best"].kwargs) == {"chunk_size": 64, "lower_bound": -0.61}
     assert dict(C.SYSTEMS["dplr-fast"].kwargs) == {"lower_bound": -0.61} and not C.SYSTEMS["dplr-generic"].kwargs
@@ -471,3 +483,63 @@ def test_accuracy_matrix_dry_run(tmp_path: Path) -> None:
     d = json.loads(out.read_text())
     assert d["summary"]["rows"] >= 4 and d["summary"]["pass"] == d["summary"]["rows"], d["summary"]
     assert all(set(r["dplr"]) >= {"o", "ht", "da", "db", "dgk"} for r in d["rows"])
+
+
+def test_native_inputs_of_the_cuda_peer() -> None:
+    """The CUDA kernel's own input form: its w is log(-w) (decay exp(-exp(w))), its states [V, K] in bf16; the
+    other systems take the inputs as they are."""
+    x = C.rwkv7_case(1, 4, 2, 8, dtype=torch.bfloat16, device="cpu", seed=1)
+    do, dht = C.grad_outputs(x, 1)
+    same = C.native_inputs(C.SYSTEMS["dplr-fast"], x, do, dht)
+    assert same[0] is x and same[2] is dht
+    y, do2, dht2 = C.native_inputs(C.SYSTEMS["wind-cuda"], x, do, dht)
+    assert torch.allclose(-torch.exp(y["w"].float()), x["w"].float(), rtol=2e-2)
+    assert torch.equal(y["h0"], x["h0"].transpose(-1, -2).to(torch.bfloat16))
+    assert dht2.dtype == torch.bfloat16 and torch.equal(dht2, dht.transpose(-1, -2).to(torch.bfloat16))
+    assert do2 is do and y["r"] is x["r"]
+
+
+def test_step_closures_give_a_new_cu_seqlens_each_call_when_fresh() -> None:
+    seen: list = []
+
+    def op(xl, cu=None, cu_cpu=None):  # type: ignore[no-untyped-def]
+        seen.append((cu, cu_cpu))
+        return xl["v"] * 1.0, xl["h0"] * 1.0
+
+    x = C.leaves(C.rwkv7_case(1, 6, 1, 4, dtype=torch.float32, device="cpu", seed=0, n_states=2))
+    cu, cpu = C.cu_tensors((2, 4), "int64", "cpu")
+    for fresh in (False, True):
+        seen.clear()
+        fwd, _ = C.step_closures(op, x, None, None, cu, cpu, fresh_cu=fresh)
+        fwd(), fwd()
+        (a, a_cpu), (b, _) = seen
+        assert a_cpu is None  # users' call: cu_seqlens alone
+        assert (a is cu and b is cu) != fresh and torch.equal(a, cu) and torch.equal(b, cu)
+        if fresh:
+            assert a is not b
+
+
+def test_job_groups_decode_first_and_the_cuda_peer_per_head_size() -> None:
+    args = argparse.Namespace(no_accuracy=False, no_speed=False, no_decode=False)
+    shapes = [C.Shape(4, 4096, 32, 64), C.Shape(8, 2048, 16, 128)]
+    groups = bench.job_groups(["dplr-fast", "fla-best", "wind-cuda"], shapes, args, dry=False)
+    names = list(groups)
+    assert names[:2] == ["dplr decode", "fla decode"]
+    assert groups["dplr decode"] == [f"decode:dplr-{f}:{B}" for B in bench.DECODE_BATCHES for f in ("fused", "mul", "pool")]
+    assert groups["wind-cuda D=64"] == ["speed:wind-cuda:4x4096x32x64"]
+    assert groups["wind-cuda D=128"] == ["speed:wind-cuda:8x2048x16x128"]
+    assert "acc:wind-cuda" not in sum(groups.values(), []) and "acc:dplr-fast" in groups["dplr-fast"]
+
+
+def test_decode_rows_compare_each_form_with_fla_at_its_batch() -> None:
+    results = {
+        "decode:dplr-fused:1": {"bench_ms": 0.05, "wall_ms": 0.10},
+        "decode:dplr-pool:1": {"bench_ms": 0.04, "wall_ms": 0.08},
+        "decode:fla-fused:1": {"bench_ms": 0.10, "wall_ms": 0.20},
+        "decode:fla-mul:1": {"bench_ms": 0.08, "wall_ms": 0.16},
+        "decode:dplr-mul:64": {"bench_ms": 0.2, "error": None},
+    }
+    rows = {(r["system"], r["B"]): r for r in bench.decode_rows(results)}
+    assert rows[("dplr-fused", 1)]["wall_ms_vs_fla"] == pytest.approx(0.5)
+    assert rows[("dplr-pool", 1)]["wall_ms_vs_fla"] == pytest.approx(0.5)  # the pool is the mul form's
+    assert rows[("dplr-mul", 64)]["bench_ms_vs_fla"] is None  # no fla row at that batch

@@ -123,8 +123,8 @@ def _default_flags():
     if DEVICE != "cpu" and os.environ.get("CHUNK_TEST_ARCH_FLAGS") == "1":
         cc = torch.cuda.get_device_capability()
         return SimpleNamespace(no_mma_chaining=cc >= (9, 0), separate_accumulators=cc >= (10, 0),
-                               gluon_token_pass=False)
-    return SimpleNamespace(no_mma_chaining=False, separate_accumulators=False, gluon_token_pass=False)
+                               gluon_token_pass=False, split_tf32x3=False)
+    return SimpleNamespace(no_mma_chaining=False, separate_accumulators=False, gluon_token_pass=False, split_tf32x3=False)
 
 
 _MODULES: dict[str, object] = {}
@@ -212,9 +212,9 @@ def check(errs, tol):
     assert not bad, f"errors above {tol}: {bad}"
 
 
-FLAGS_AMPERE = SimpleNamespace(no_mma_chaining=False, separate_accumulators=False, gluon_token_pass=False)
-FLAGS_HOPPER = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=False)
-FLAGS_BLACKWELL = SimpleNamespace(no_mma_chaining=True, separate_accumulators=True, gluon_token_pass=False)
+FLAGS_AMPERE = SimpleNamespace(no_mma_chaining=False, separate_accumulators=False, gluon_token_pass=False, split_tf32x3=False)
+FLAGS_HOPPER = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=False, split_tf32x3=False)
+FLAGS_BLACKWELL = SimpleNamespace(no_mma_chaining=True, separate_accumulators=True, gluon_token_pass=False, split_tf32x3=False)
 
 
 # ---------------------------------------------------------------- rendering contract (no kernel runs)
@@ -651,7 +651,7 @@ def test_persistent_token_pass_declares_its_item_count(varlen, derive):
     v = make_variant("fp32", K=K, V=K, chunk_size=16, varlen=varlen, gate_bound=-0.61)
     tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_k=16, block_v=16, states_every=32)} if derive \
         else None
-    gluon = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=True)
+    gluon = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=True, split_tf32x3=False)
     ks, ks_g = load(v, tune), load(v, tune, flags=gluon)
     assert chunk_driver.derives_states(ks_g) == derive
     assert list(ks_g.m.SIGNATURES[chunk_driver.BWD])[-1] == "n_items" and "n_items" not in ks.m.SIGNATURES[chunk_driver.BWD]

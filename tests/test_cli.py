@@ -188,10 +188,17 @@ def test_messages_print_user_and_library_text_literally(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("columns", [80, 200])
-def test_list_keeps_variant_names_whole(columns: int) -> None:
+def test_list_keeps_variant_names_whole(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """At 80 columns (a pipe's default width too) the names of specs/hopper.yaml do not fit a table: each is printed
     whole on a line of its own, ready to paste into `dplr-gen show`; wide terminals keep the table."""
+    from rich.console import Console
+
+    from dplr_gen import cli
+
     spec = Path(__file__).resolve().parent.parent / "specs" / "hopper.yaml"
+    # the console takes its width when made (rich reads COLUMNS then): one made for this width
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(cli, "out", Console())
     res = runner.invoke(app, ["list", str(spec)], env={"COLUMNS": str(columns)})
     assert res.exit_code == 0, res.output
     words = [set(line.replace("│", " ").split()) for line in res.output.splitlines()]

@@ -11,6 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from rich.console import Console
+
+from dplr_gen import cli
 from dplr_gen.cli import app
 from dplr_gen.runtime import dispatch, gate_check, loader, ondemand
 from dplr_gen.runtime.loader import NotBuiltError
@@ -109,6 +112,9 @@ def test_spec_setting_and_doctor_describe_the_specs_in_the_same_words(monkeypatc
     msg = str(e.value)
     assert msg.startswith("DPLR_GEN_SPEC='nosuch' names no spec under ") and "unset it" in msg, msg
     monkeypatch.delenv("DPLR_GEN_SPEC")
+    # the console takes its width when made (rich reads COLUMNS then): one wide enough for every state
+    monkeypatch.setenv("COLUMNS", "1000")
+    monkeypatch.setattr(cli, "out", Console())
     doctor = runner.invoke(app, ["doctor"], env={"COLUMNS": "1000"}).output
     for p in pkgs:
         state = f"{p.name} ({p.build_state()})"

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..toolchain import cache, package_kernels, settings
+from ..toolchain import package_kernels, settings
 # (re-exported: the CLI and ondemand read them here)
 from ..toolchain.package_kernels import KEEP_STUBS_ENV, keeps_stubs, load_cached_kernels  # noqa: F401
 from ..plan.variant import Variant

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import cache
+from . import cache, settings
 from .compile import import_source
 
 KEEP_STUBS_ENV = "DPLR_GEN_KEEP_STUBS"  # "0": launch stubs stay in Triton's cache only
@@ -19,9 +19,8 @@ KEEP_STUBS_ENV = "DPLR_GEN_KEEP_STUBS"  # "0": launch stubs stay in Triton's cac
 
 def keeps_stubs() -> bool:
     """Whether launch stubs are kept in (and looked up in) dplr-gen's cache (KEEP_STUBS_ENV, on by default;
-    empty or "0" turns it off)."""
-    value = os.environ.get(KEEP_STUBS_ENV)
-    return value is None or value not in ("", "0")
+    "0" or empty turns it off; another value is an error naming the setting)."""
+    return settings.flag(KEEP_STUBS_ENV, True)
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
