@@ -672,7 +672,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         for qid, q in sorted(data["quirks"].items()):
             avoid = q.get("avoid") or {}
             how = avoid.get("refuse") and f"refuse ({_md(avoid['refuse'])})" or ", ".join(
-                f"{k}: {json.dumps(v)}" for k, v in sorted(avoid.items())) or "nothing known"
+                f"{k}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(avoid.items())) or "nothing known"
             lines.append(
                 f"- **{qid}** (sm {', '.join(map(str, q['archs']))}; Triton {q['triton']}; {q['effect']}): "
                 f"{_md(q['pattern'])}. Avoided by: {how}. Reference: {_md(q['reference'])}"
