@@ -540,8 +540,7 @@ def compat(
         data = json.loads(path.read_text())
         why = c.staleness(data)
         if why:
-            _say(err, f"{path} is stale:\n  " + "\n  ".join(why) + "\nregenerate it with: "
-                 + data.get("command", "dplr-gen compat --full").split("  (")[0])
+            _say(err, f"{path} is stale:\n  " + "\n  ".join(why) + "\nregenerate it with: " + c.rerun_command(data))
             raise typer.Exit(EXIT_BUILD_FAILED)
         _say(out, f"{path} matches the templates, quirk registry and specs")
         return
@@ -577,7 +576,7 @@ def compat(
     words += ["--timeout", f"{timeout:g}"] if timeout != 900.0 else []
     words += ["--kernel-cache", str(kernel_cache)] if kernel_cache else []
     words += ["--out", str(out_dir)] if out_dir else []
-    command = shlex.join(words) + ("" if triton else f"  (default releases: {', '.join(map(str, versions))})")
+    command = shlex.join(words) + ("" if triton else f"{c.RELEASES_NOTE}{', '.join(map(str, versions))})")
     _say(err, f"compat: Triton {', '.join(map(str, versions))}; specs {', '.join(map(str, spec_paths))}; "
          f"{'sample' if sample else 'full'}; {jobs} jobs")
     opts = c.Options(

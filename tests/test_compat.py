@@ -244,7 +244,7 @@ def test_docs_compat_matches_the_tree() -> None:
     data = json.loads((REPO_ROOT / "docs" / "compat.json").read_text())
     why = c.staleness(data)
     assert not why, ("docs/compat.md is stale: " + "; ".join(why) + ". Regenerate it with: "
-                     + data["command"].split("  (")[0])
+                     + c.rerun_command(data))
     assert (REPO_ROOT / "docs" / "compat.md").read_text() == c.render_markdown(data)
 
 

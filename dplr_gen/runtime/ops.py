@@ -43,7 +43,7 @@ def _tensors_agree(tensors: tuple[Any, ...]) -> bool:
     like these): six tensors, q, k, a, b, gk of one 4-D shape with T > 0 and head dims in range, v matching
     them, one device and q's dtype (gk's may be float32)."""
     q, k, v, a, b, g = tensors
-    if not all(type(t) is torch.Tensor or isinstance(t, torch.Tensor) for t in tensors):
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
         return False
     shape, dt, dev = q.shape, q.dtype, q.get_device()
     vs = v.shape
@@ -544,7 +544,8 @@ def _run(
     keep = bool(keep_states) and op == "chunk" and grad
     if pooled or mul_ab or (not grad and not torch.compiler.is_compiling()):
         # nothing to differentiate: the implementation itself (an autograd.Function costs ~20 us of host time a
-        # call, what a decode step waits for)
+        # call, what a decode step waits for); a pool or the mul form (never with a gradient) also while
+        # compiling, as the custom ops take neither
         if op == "chunk":
             o, ht = _chunk_fwd_run(pkg, variant, *args, cu, info["scale"], False, False, info["offsets"] or None,
                                    kernel_bound)[:2]

@@ -7,7 +7,6 @@ imports the runtime above it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 

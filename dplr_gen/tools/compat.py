@@ -280,6 +280,16 @@ def _inputs_state() -> dict[str, Any]:
             "registry": source_hash(QUIRKS_FILE.read_text())}
 
 
+# the note `dplr-gen compat` appends to the command it records when the releases were its defaults
+RELEASES_NOTE = "  (default releases: "
+
+
+def rerun_command(data: dict[str, Any]) -> str:
+    """The command that regenerates the matrix ``data`` describes (its recorded command, without the note on
+    default releases)."""
+    return data.get("command", "dplr-gen compat --full").split(RELEASES_NOTE)[0]
+
+
 def staleness(data: dict[str, Any], specs_dir: Path = SPECS_DIR) -> list[str]:
     """Why a compatibility matrix (the JSON of :func:`run`) no longer describes the tree: templates, quirk
     registry or spec files whose content differs from what it compiled, specs it does not cover, an unfinished
