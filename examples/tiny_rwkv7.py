@@ -45,8 +45,9 @@ class TimeMix(nn.Module):
 
     def _finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
-        o = self.out_norm(o.reshape(B * T, D).float()).view(B, T, D)
-        return x + self.out(o.to(x.dtype))
+        n = self.out_norm  # in fp32 whatever the weights' dtype (bf16 for inference)
+        o = F.group_norm(o.reshape(B * T, D).float(), n.num_groups, n.weight.float(), n.bias.float(), n.eps)
+        return x + self.out(o.view(B, T, D).to(x.dtype))
 
     def forward(self, x: torch.Tensor, cu_seqlens: Optional[torch.Tensor] = None, cp_context: Any = None,
                 want_state: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

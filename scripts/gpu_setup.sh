@@ -9,9 +9,10 @@
 #   * the hand-written CUDA kernel, a benchmark peer, where a checkout of github.com/johanwind/wind_rwkv was
 #     carried in .peer/wind_rwkv (never part of this repository): DPLR_BENCH_WIND_DIR points at it, and
 #     build_peer compiles its extensions (per head size, dense and varlen) in the background.
-if compgen -G ".whl/*.whl" >/dev/null; then
+# (once per machine: a second run_gpu.sh started beside the first must not rewrite the files the first imports)
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -f /tmp/site/.wheels_installed ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || echo "WARNING: wheel install failed"
+    && touch /tmp/site/.wheels_installed || echo "WARNING: wheel install failed"
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 

@@ -2,9 +2,15 @@
 # One command on the GPU machine: install the carried wheels, build the hopper package, run the checks and/or
 # the benchmark. Everything is logged to $OUT/run_gpu_<mode>.log; results land in $OUT (see the scripts).
 #
-#   scripts/run_gpu.sh check|bench|graphs|cold|all [extra arguments for gpu_check.py (check) or bench.py (bench)]
+#   scripts/run_gpu.sh check|bench|graphs|cold|model|examples|fla-tests|all [extra arguments for the script]
 #
-# graphs: scripts/cuda_graph_check.py (every op form captured and replayed); cold: scripts/cold_start.py.
+# graphs: scripts/cuda_graph_check.py (every op form captured and replayed); cold: scripts/cold_start.py;
+# model: scripts/fla_model_check.py (fla-core's RWKV-7 model with and without dplr_gen.integrations.fla);
+# examples: examples/generate.py --verify, then on 2 or more GPUs examples/train_cp.py under torchrun;
+# fla-tests: fla-core's op tests (one GPU) or its context-parallel tests (2 or more) with the imports swapped
+# (scripts/fla_tests_swapped.sh; FLA_TESTS_DIR, default .peer/fla_tests/tests, is fla's tests/ folder).
+# A kernel cache built on another machine (`DPLR_GEN_CACHE_DIR=DIR dplr-gen build specs/hopper.yaml`, no GPU
+# needed) can be carried and named by DPLR_GEN_CACHE_DIR: the build below then only checks it.
 # bench runs the hand-written CUDA kernel beside the others where .peer/wind_rwkv holds its source
 # (scripts/gpu_setup.sh).
 #
@@ -14,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
 shift || true
-case "$MODE" in check|bench|graphs|cold|all) ;; *) echo "usage: $0 check|bench|graphs|cold|all [args]" >&2; exit 2 ;; esac
+case "$MODE" in check|bench|graphs|cold|model|examples|fla-tests|all) ;; *) echo "usage: $0 check|bench|graphs|cold|model|examples|fla-tests|all [args]" >&2; exit 2 ;; esac
 
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET:-570}))
@@ -49,6 +55,21 @@ case "$MODE" in
     python3 scripts/cuda_graph_check.py "$@" ;;
   cold)
     python3 scripts/cold_start.py "$@" ;;
+  model)
+    python3 scripts/fla_model_check.py --deadline "$DEADLINE" "$@" ;;
+  examples)
+    python3 examples/generate.py --verify "$@"
+    NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    if [ "$NGPU" -ge 2 ]; then
+      torchrun --standalone --nproc-per-node "$NGPU" examples/train_cp.py --save /tmp/train_cp.pt \
+        && python3 examples/generate.py --checkpoint /tmp/train_cp.pt --verify "$@"
+    else
+      echo "examples/train_cp.py needs 2 or more GPUs: this machine has $NGPU"
+    fi ;;
+  fla-tests)
+    NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    if [ "$NGPU" -ge 2 ]; then which=cp; else which=ops; fi
+    bash scripts/fla_tests_swapped.sh "$which" "${FLA_TESTS_DIR:-.peer/fla_tests/tests}" "$@" ;;
   all)
     python3 scripts/gpu_check.py --deadline $((now + (DEADLINE - now) / 2))
     python3 benchmarks/bench.py --deadline "$DEADLINE" ;;

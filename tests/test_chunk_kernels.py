@@ -902,6 +902,18 @@ def test_overlap_choice(monkeypatch):
     # host-bound steps (few token-heads) keep one stream: the fork and join cost more host time than they save
     assert chunk_driver._overlap(ks(True), q(1, 32), 1, 64)  # 131072 token-heads
     assert not chunk_driver._overlap(ks(True), q(1, 8), 1, 64) and not chunk_driver._overlap(ks(True), q(2, 2), 2, 64)
+    # varlen, starts read on the host: a pass spans its longest sequence, the shorter ones hold the device for
+    # part of it. 11 sequences of 512-8192 tokens (mean/longest 0.36), 32 heads: 704 programs a pass would not
+    # fit at once, but at 0.36 of the span they do; 16 equal sequences count whole and do not
+    mixed = [0]
+    for n in (512, 1024, 4096, 8192, 2048, 768, 6144, 1536, 3072, 2560, 2816):
+        mixed.append(mixed[-1] + n)
+    assert chunk_driver.occupancy(mixed) == pytest.approx(32768 / (11 * 8192))
+    assert chunk_driver.occupancy(None) == 1.0 and chunk_driver.occupancy([0, 4096, 8192]) == 1.0
+    packed = SimpleNamespace(is_cuda=True, shape=(1, 32768, 32, 64), device=torch.device("cuda", 0))
+    assert chunk_driver._overlap(ks(True), packed, 11, 64, mixed)
+    assert not chunk_driver._overlap(ks(True), packed, 11, 64)  # starts not read: counted whole
+    assert not chunk_driver._overlap(ks(True), packed, 16, 64, list(range(0, 32769, 2048)))
     # tests and benchmarks force it either way
     monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(overlap=True))
     assert chunk_driver._overlap(ks(False), q(8, 64), 8, 64)

@@ -61,3 +61,19 @@ def test_cpu_without_the_interpreter_is_refused() -> None:
         proc = subprocess.run([sys.executable, str(EXAMPLES / script), "--device", "cpu"], env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "set TRITON_INTERPRET=1" in proc.stderr, (script, proc.stderr[-2000:])
+
+
+def test_the_model_runs_with_bf16_weights() -> None:
+    """generate.py holds the model in bf16 on a GPU: every layer (the per-head norm too, which runs in fp32) must
+    take bf16 weights and activations, not only the fp32 model the CPU runs use."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from tiny_rwkv7 import TimeMix
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    import torch
+
+    mix = TimeMix(128, 64).to(torch.bfloat16)
+    x = torch.randn(2, 3, 128, dtype=torch.bfloat16)
+    out = mix._finish(x, torch.randn(2, 3, 128))  # the op's output, as the fused and chunk ops return it
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape and torch.isfinite(out).all()

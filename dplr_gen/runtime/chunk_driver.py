@@ -588,9 +588,10 @@ _STEP_OPERANDS = ("egc", "bwt", "kwt", "qwt", "awt")
 # The varlen token pass as one launch of the dense twin's kernel per sequence (per_sequence_launches): at most
 # this many sequences, each with at least this many waves of work items on the device (a launch costs ~13 us of
 # host time and leaves part of the device idle at its end; H100, the bench's 16 sequences: 2336-6368 items, 264
-# resident programs, docs/design.md, varlen).
+# resident programs; H200, 11 sequences of 512-8192 tokens, the shortest 3.9 waves: forward+backward 4.57 ->
+# 4.37 ms with the launch per sequence; docs/design.md, varlen).
 PER_SEQUENCE_MAX_SEQS = 64
-PER_SEQUENCE_MIN_WAVES = 4
+PER_SEQUENCE_MIN_WAVES = 3
 
 
 def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tuple[int, int, int]] | None:
@@ -669,7 +670,7 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
                         chunk_map=saved["chunk_map"], pass_ops=recomputed)
     # the token pass may read the state steps' operands: kept until it has run, the rest freed before it
     steps = state_step_operands(pr) if derives_states(ks) else ()
-    if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1]):
+    if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1], saved.get("offsets")):
         h, u, dh, dr, dh0, dv = _states_beside_reverse_pass(ks, v, saved, pr, do, dht)
     else:
         h, u = chunk_states(ks, v, saved, pr)[:2] if recomputed else saved["states"]
@@ -681,11 +682,15 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     return dq, dk, dv, da, db, dg, dh0
 
 
-def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
+def _overlap(ks, q: torch.Tensor, N: int, V: int, offsets: list[int] | None = None) -> bool:
     """Whether the states pass runs beside the reverse pass: where the variant's knob (bwd_dh.overlap) says so
     and both grids fit on the device at once (CUDA tensors only). Where they would not, each pass already
     fills the device and running them together only makes them contend (H100, bf16, fwd+bwd off -> on: 3.34 ->
     3.10 ms at (4,4096,32,64), 256 programs a pass; 10.99 -> 11.57 at (8,4096,64,64), 1024; docs/design.md).
+    Varlen with the sequence starts read on the host (``offsets``): a pass lasts as long as its longest
+    sequence's walk, and a shorter sequence's programs hold their room for part of it only, so each grid counts
+    at the mean over the longest length (``occupancy``): mixed lengths leave the device idle for most of
+    the pass, which the other pass fills.
     Never while a CUDA graph is being captured (torch.cuda.graphs, torch.compile's reduce-overhead): a captured
     backward keeps one stream, the form gpu_check's 'graph' job checks (a side stream inside a capture and its
     memory's lifetime across replays are not checked)."""
@@ -698,11 +703,22 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int) -> bool:
     if q.shape[0] * q.shape[1] * q.shape[2] < OVERLAP_MIN_TOKEN_HEADS:
         return False
     H = q.shape[2]
+    busy = occupancy(offsets)
     grids = []
     for stage in (FWD_H, BWD_DH):
         name, bv = _pass_kernel(ks, stage, N * H, V, q.device)
-        grids.append((N * H * _cdiv(V, bv), ks.resident_per_sm(name, q.device)))
+        grids.append((N * H * _cdiv(V, bv) * busy, ks.resident_per_sm(name, q.device)))
     return grids_fit(grids, _device_sms(q.device))
+
+
+def occupancy(offsets: list[int] | None) -> float:
+    """The share of a state pass's span for which its programs hold the device, on average: mean over longest
+    sequence length (1 for equal lengths, dense inputs, or starts not read on the host)."""
+    if not offsets or len(offsets) < 2:
+        return 1.0
+    lengths = [e - b for b, e in zip(offsets[:-1], offsets[1:])]
+    longest = max(lengths)
+    return sum(lengths) / (len(lengths) * longest) if longest else 1.0
 
 
 # Below this many token-heads (B * T * H) a training step is bound by host work, not the GPU, and the side stream's
@@ -717,7 +733,7 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def grids_fit(grids: list[tuple[int, int | None]], sms: int) -> bool:
+def grids_fit(grids: list[tuple[float, int | None]], sms: int) -> bool:
     """Whether grids of (programs, resident programs per SM) are all resident at once on ``sms`` SMs (each
     grid's programs take programs / per-SM of an SM's room; unknown residency: no)."""
     if any(not per_sm for _, per_sm in grids):
