@@ -154,6 +154,8 @@ def test_compile_result_write_and_load(tmp_path: Path) -> None:
     assert kern.metadata.name == "probe_add" and kern.metadata.shared == 0
     assert kern.compiled.hash == res.hash
     assert kern.n_runtime == 4
+    # a launch reads the binary alone: the intermediate forms written beside it are not loaded
+    assert set(kern.compiled.asm) == {"cubin"} and kern.compiled.kernel == (tmp_path / "k" / "probe_add.cubin").read_bytes()
 
     # the launcher's argument list: constexpr slots only where the release's signature has them
     calls: list[tuple[tuple[Any, ...], Any]] = []

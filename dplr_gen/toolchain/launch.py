@@ -5,8 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .triton_compile import _ARTIFACT_EXTS
 from .triton_source import make_source
+
+# what a launch reads of a compiled kernel: its metadata and its binary. Triton's CompiledKernel reads every file
+# it is given, and the intermediate forms (ttir, ttgir, llir, ptx, the source: ~85% of an entry's bytes) are for
+# the build's checks and for people, not for launching.
+_LAUNCH_EXTS = ("json", "cubin")
 
 
 class LoadedKernel:
@@ -69,12 +73,11 @@ def load_kernel(
                       divisible_args=divisible_args)
     files_dir = Path(files_dir)
     stem = src.name[:150]  # Triton's own file-name truncation
-    group = {f"{stem}.{ext}": str(files_dir / f"{stem}.{ext}") for ext in _ARTIFACT_EXTS
-             if (files_dir / f"{stem}.{ext}").is_file()}
-    if f"{stem}.json" not in group or f"{stem}.cubin" not in group:
-        raise FileNotFoundError(f"{files_dir}: need {stem}.json and {stem}.cubin")
-    # CompiledKernel takes the first *.json it meets as metadata: put it first
-    group = {f"{stem}.json": group.pop(f"{stem}.json"), **group}
+    group = {f"{stem}.{ext}": str(files_dir / f"{stem}.{ext}") for ext in _LAUNCH_EXTS}
+    missing = [name for name, path in group.items() if not Path(path).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{files_dir}: need {stem}.json and {stem}.cubin (missing: {', '.join(missing)})")
+    # (CompiledKernel takes the first *.json it meets as its metadata: the json comes first)
     compiled = CompiledKernel(src, group, hash)
     order = [(name, ty == "constexpr") for name, ty in src.signature.items()]
     return LoadedKernel(compiled, order, constexprs)
