@@ -10,6 +10,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import warnings
 from pathlib import Path
@@ -487,6 +488,53 @@ def clean(
         removed = c.clean_package(out_dir / b.MANIFEST, b.GENERATED)
     kept = f"; kept {removed.kept} that other built specs or on-demand variants use" if removed.kept else ""
     _say(out, f"{name}: removed the manifest and {removed.entries} cached kernels ({_bytes(removed.bytes)}){kept}")
+
+
+@_command()
+def pack(
+    spec: Path = typer.Argument(..., metavar="SPEC", help="spec file whose built kernels to pack"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
+                                          help="the archive (default: <spec>-kernels-triton<release>.tar.gz here)"),
+) -> None:
+    """Write a built spec's kernels (metadata and binaries, for this build's Triton release) to one archive; on
+    another machine with that release, `dplr-gen unpack FILE` then `dplr-gen build SPEC` compiles nothing."""
+    from .toolchain import build as b
+    from .toolchain import kernel_pack
+
+    try:
+        name = b.load_spec(spec).name
+    except SpecError as e:
+        raise _fail(str(e)) from None
+    out_dir = b.GENERATED / name
+    manifest = b.read_manifest(out_dir)
+    if manifest is None:
+        raise _fail(f"{name}: not built here (no {out_dir / b.MANIFEST}); run `dplr-gen build {spec}` first")
+    target = output or Path(f"{name}-kernels-triton{manifest['triton_version']}.tar.gz")
+    with b.package_lock(out_dir, on_wait=lambda message: _say(err, message)):  # not while it is being built
+        try:
+            record = kernel_pack.pack(out_dir, target)
+        except FileNotFoundError as e:
+            raise _fail(f"{name}: {e}") from None
+    _say(out, f"{name}: {record['kernels']} kernels ({', '.join(record['targets'])}; Triton "
+              f"{record['triton_version']}) -> {target} ({_bytes(target.stat().st_size)})")
+
+
+@_command()
+def unpack(archive: Path = typer.Argument(..., metavar="FILE", help="an archive `dplr-gen pack` wrote")) -> None:
+    """Add the kernels of a `dplr-gen pack` archive to this machine's kernel cache (entry by entry, atomically;
+    entries already there are kept); `dplr-gen build SPEC` then finds them all and compiles none."""
+    from .toolchain import kernel_pack
+    from .toolchain.cache import cache_root
+    from .toolchain.triton_versions import triton_version
+
+    if not archive.is_file():
+        raise _fail(f"{archive}: no such file")
+    try:
+        got = kernel_pack.unpack(archive, str(triton_version()))
+    except (ValueError, OSError, tarfile.TarError) as e:
+        raise _fail(str(e)) from None
+    _say(out, f"{got.spec}: {got.added} kernels added to {cache_root()} ({got.kept} already there; Triton "
+              f"{got.triton_version}); next: `dplr-gen build specs/{got.spec}.yaml` (compiles nothing)")
 
 
 def _bytes(n: int) -> str:

@@ -9,8 +9,9 @@
 # examples: examples/generate.py --verify, then on 2 or more GPUs examples/train_cp.py under torchrun;
 # fla-tests: fla-core's op tests (one GPU) or its context-parallel tests (2 or more) with the imports swapped
 # (scripts/fla_tests_swapped.sh; FLA_TESTS_DIR, default .peer/fla_tests/tests, is fla's tests/ folder).
-# A kernel cache built on another machine (`DPLR_GEN_CACHE_DIR=DIR dplr-gen build specs/hopper.yaml`, no GPU
-# needed) can be carried and named by DPLR_GEN_CACHE_DIR: the build below then only checks it.
+# KERNEL_PACK: an archive of the Hopper spec's kernels built elsewhere (`dplr-gen build specs/hopper.yaml` then
+# `dplr-gen pack specs/hopper.yaml -o FILE` on any machine with the same Triton, no GPU needed), carried with the
+# tree: unpacked into the cache first, so the build below compiles nothing (seconds instead of minutes).
 # bench runs the hand-written CUDA kernel beside the others where .peer/wind_rwkv holds its source
 # (scripts/gpu_setup.sh).
 #
@@ -38,6 +39,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 python3 -c "import fla; print('fla-core importable')" 2>/dev/null || echo "fla-core NOT importable: fla systems will be recorded as unavailable"
 
 [ "$MODE" = bench ] || [ "$MODE" = all ] && build_peer
+if [ -n "${KERNEL_PACK:-}" ]; then python3 -m dplr_gen.cli unpack "$KERNEL_PACK"; fi
 echo "== build specs/hopper.yaml"
 t0=$(date +%s)
 python3 -m dplr_gen.cli build specs/hopper.yaml -j 16

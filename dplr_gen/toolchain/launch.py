@@ -10,7 +10,7 @@ from .triton_source import make_source
 # what a launch reads of a compiled kernel: its metadata and its binary. Triton's CompiledKernel reads every file
 # it is given, and the intermediate forms (ttir, ttgir, llir, ptx, the source: ~85% of an entry's bytes) are for
 # the build's checks and for people, not for launching.
-_LAUNCH_EXTS = ("json", "cubin")
+LAUNCH_EXTS = ("json", "cubin")
 
 
 class LoadedKernel:
@@ -73,7 +73,7 @@ def load_kernel(
                       divisible_args=divisible_args)
     files_dir = Path(files_dir)
     stem = src.name[:150]  # Triton's own file-name truncation
-    group = {f"{stem}.{ext}": str(files_dir / f"{stem}.{ext}") for ext in _LAUNCH_EXTS}
+    group = {f"{stem}.{ext}": str(files_dir / f"{stem}.{ext}") for ext in LAUNCH_EXTS}
     missing = [name for name, path in group.items() if not Path(path).is_file()]
     if missing:
         raise FileNotFoundError(f"{files_dir}: need {stem}.json and {stem}.cubin (missing: {', '.join(missing)})")
