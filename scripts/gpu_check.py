@@ -30,6 +30,9 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
           backward bit for bit (same kernels, same inputs), at a grid where the driver picks it by itself.
   graph   forward+backward captured in a CUDA graph (torch.cuda.graph; the driver keeps one stream under
           capture) and replayed equals the eager run bit for bit.
+  pool    the decode op with a state pool (fused_mul_recurrent_rwkv7, ssm_state_indices with a padded row, 8
+          sequences of 1 to 5 tokens packed with cu_seqlens, bf16, H=4, D=64, 12 slots) against one call per
+          sequence from its slot's state: outputs and the slots written <= 1e-5, the other slots untouched.
 --fla-max-configs N: fla's autotuners keep N of their configs each (recorded in the results' fla info).
 Writes $OUT/gpu_check.json after every worker. --dry-run: CPU interpreter, tiny fp32 stand-ins.
 """
@@ -130,7 +133,8 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     the others' CUDA context), fla last (its first calls autotune for minutes)."""
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
             + [f"gates:{c}:dplr-generic" for c in MIXED] + [f"varlen:{c}:{s}" for c in VARLEN for s in DPLR]
-            + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR] + ["compile", "overlap", "graph"])
+            + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR]
+            + ["compile", "overlap", "graph", "pool"])
     wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
     groups = [dplr, wide, ["scale-decode"], ["scale-big"],
               [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
@@ -183,7 +187,7 @@ class Worker:
         if kind == "build":
             return self.build_wide(rest[0])
         return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile,
-                "overlap": self.overlap, "graph": self.graph}[kind]()
+                "overlap": self.overlap, "graph": self.graph, "pool": self.pool}[kind]()
 
     def accuracy(self, case: Case, case_name: str, system: str, raw: bool) -> dict[str, Any]:
         """o, ht and gradients vs float64 (raw: only whether fwd+bwd runs, and whether it is finite)."""
@@ -353,6 +357,46 @@ class Worker:
         return {"captured": True, "errors": C.errors(out, eager)}
 
 
+    def pool(self) -> dict[str, Any]:
+        """A decode step over a state pool (sequence i reads and writes slot ``slots[i]`` in place; -1: a padded
+        row, zero state, nothing written) against one call per sequence, each from its slot's state as
+        ``initial_state`` (the padded row from zeros): outputs, the written slots, and every other slot unchanged."""
+        import torch
+
+        from dplr_gen.runtime import ops
+        from dplr_gen.testing import rel_err
+
+        lens, slots, n_slots = (1, 3, 2, 1, 5, 1, 2, 4), [5, 0, -1, 2, 11, 7, 3, 9], 12
+        H, D = (1, 64) if self.dry else (4, 64)
+        dtype = torch.float32 if self.dry else torch.bfloat16
+        x = C.rwkv7_case(1, sum(lens), H, D, dtype=dtype, device=self.device, seed=34, h0="none")
+        kk, rate = -x["a"], torch.rand_like(x["b"])  # RWKV-7's decoding form: kk and the in-context rate
+        gen = torch.Generator(device=self.device).manual_seed(35)
+        before = torch.randn(n_slots, H, D, D, generator=gen, device=self.device).mul_(0.5)
+        pool = before.clone()
+        cu = torch.tensor(C.cu_seqlens_of(lens), dtype=torch.int32, device=self.device)
+        pkg = self.package()
+        with torch.inference_mode():
+            o, _ = ops.fused_mul_recurrent_rwkv7(x["r"], x["w"], x["k"], x["v"], kk, rate, scale=1.0,
+                                                 initial_state=pool, cu_seqlens=cu, package=pkg,
+                                                 ssm_state_indices=torch.tensor(slots, dtype=torch.int32))
+            ref_o, ref_states = [], []
+            for i, (bos, eos) in enumerate(zip(cu.tolist()[:-1], cu.tolist()[1:])):
+                h0 = before[slots[i]:slots[i] + 1] if slots[i] >= 0 else torch.zeros_like(before[:1])
+                part = [t[:, bos:eos] for t in (x["r"], x["w"], x["k"], x["v"], kk, rate)]
+                oi, hi = ops.fused_mul_recurrent_rwkv7(*part, scale=1.0, initial_state=h0.clone(),
+                                                       output_final_state=True, package=pkg)
+                ref_o.append(oi)
+                ref_states.append(hi)
+        written = [i for i, s in enumerate(slots) if s >= 0]
+        others = [s for s in range(n_slots) if s not in slots]
+        return {"errors": {
+            "o": rel_err(o, torch.cat(ref_o, 1)),
+            "ht": rel_err(pool[[slots[i] for i in written]], torch.cat([ref_states[i] for i in written])),
+            "untouched": rel_err(pool[others], before[others]),
+        }}
+
+
 def worker_main(cfg: dict[str, Any], jobs: list[str]) -> int:
     C.worker_setup(cfg["device"])
     return C.worker_loop(jobs, Worker(cfg).run, cfg["device"])
@@ -433,7 +477,8 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
                      "cells": cells, "error": err,
                      "status": "FAIL" if err or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
     for job, bound, system in (("scale-decode", 5e-3, "fused_recurrent"), ("compile", COMPILE_TOL, "dplr-fast"),
-                               ("overlap", 0.0, "dplr-fast"), ("graph", 0.0, "dplr-fast")):
+                               ("overlap", 0.0, "dplr-fast"), ("graph", 0.0, "dplr-fast"),
+                               ("pool", COMPILE_TOL, "fused_recurrent")):
         r = results.get(job, {"error": "not run"})
         cells = {q: (e, *judge(e, bound)) for q, e in r.get("errors", {}).items()}
         rows.append({"check": job, "system": system, "cells": cells, "error": r.get("error"),
