@@ -485,6 +485,24 @@ def test_accuracy_matrix_dry_run(tmp_path: Path) -> None:
     assert all(set(r["dplr"]) >= {"o", "ht", "da", "db", "dgk"} for r in d["rows"])
 
 
+def test_kernel_profile_dry_run(tmp_path: Path) -> None:
+    """scripts/kernel_profile.py end to end on CPU (interpreter, no profiler): both gate modes of the case asked
+    for, host times recorded, an unknown case refused with the valid ones named."""
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OUT": str(tmp_path)}
+    script = str(REPO / "scripts" / "kernel_profile.py")
+    proc = subprocess.run([sys.executable, script, "--dry-run", "--cases", "dense4x4096"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads((tmp_path / "kernel_profile.json").read_text())
+    assert list(d["cases"]) == ["dense4x4096, lower_bound=-0.61", "dense4x4096, lower_bound=None"]
+    assert all(r["wall_ms"] >= r["enqueue_ms"] > 0 for r in d["cases"].values())
+    bad = subprocess.run([sys.executable, script, "--dry-run", "--cases", "nope"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert bad.returncode == 2 and "unknown ['nope']" in bad.stderr and "dense4x4096" in bad.stderr
+
+
 def test_native_inputs_of_the_cuda_peer() -> None:
     """The CUDA kernel's own input form: its w is log(-w) (decay exp(-exp(w))), its states [V, K] in bf16; the
     other systems take the inputs as they are."""

@@ -1,0 +1,140 @@
+"""Where a dplr-gen forward+backward spends its time: GPU time per kernel (torch's profiler), host time per call.
+
+    python scripts/kernel_profile.py [--cases varlen11,dense4x4096,...] [--package generated/hopper]
+
+Per case (bf16 RWKV-7 inputs, random initial state, output_final_state=True, gradients of every input and h0 via
+torch.autograd.grad), with lower_bound=-0.61 (the bounded variants) and without (any gate):
+  enqueue_ms      host time per call: 20 calls back to back, timed before the device is waited for;
+  wall_ms         the same 20 calls until the device is done, per call;
+  kernels         GPU microseconds per call of each kernel (the mean of 5 profiled calls) and launches per call;
+  kernel_us_total their sum.
+The varlen case passes cu_seqlens as int64 (fla's type hint), as the bench's call forms do. Writes
+$OUT/kernel_profile.json (./out/ without $OUT) and prints the largest kernels of each case. --dry-run: CPU,
+Triton's interpreter, tiny fp32 shapes, no profiler (the control flow only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common as C  # noqa: E402
+
+LENGTHS11 = (512, 1024, 4096, 8192, 2048, 768, 6144, 1536, 3072, 2560, 2816)
+# name -> (B, T, H, D, sequence lengths or None)
+CASES: dict[str, tuple[int, int, int, int, tuple[int, ...] | None]] = {
+    "varlen11": (1, sum(LENGTHS11), 32, 64, LENGTHS11),
+    "dense8x4096": (8, 4096, 32, 64, None),
+    "dense4x4096": (4, 4096, 32, 64, None),
+    "dense1x32768": (1, 32768, 32, 64, None),
+    "host1x4096x2x128": (1, 4096, 2, 128, None),
+}
+DRY_CASES = {"varlen11": (1, 63, 1, 64, (1, 15, 17, 30)), "dense4x4096": (2, 40, 1, 64, None)}
+BOUNDS = (-0.61, None)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", help=f"comma list of {', '.join(CASES)} (default: all)")
+    ap.add_argument("--package", default="generated/hopper")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    table = DRY_CASES if args.dry_run else CASES
+    args.case_names = args.cases.split(",") if args.cases else list(table)
+    unknown = [c for c in args.case_names if c not in table]
+    if unknown:
+        ap.error(f"--cases: unknown {unknown}; valid: {sorted(table)}")
+    return args
+
+
+def profile_case(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
+                 device: str, dry: bool) -> dict[str, Any]:
+    import torch
+
+    B, T, H, D, lens = shape
+    dtype = torch.float32 if dry else torch.bfloat16
+    x = C.rwkv7_case(B, T, H, D, dtype=dtype, device=device, seed=0, n_states=len(lens) if lens else None)
+    cu = None if lens is None else torch.tensor(C.cu_seqlens_of(lens), dtype=torch.int64, device=device)
+    xl = C.leaves(x)
+    do, dht = C.grad_outputs(x, 1)
+    names = [n for n in ("r", "w", "k", "v", "a", "b", "h0") if xl.get(n) is not None]
+
+    def call() -> Any:
+        o, ht = op(xl["r"], xl["w"], xl["k"], xl["v"], xl["a"], xl["b"], scale=1.0, initial_state=xl["h0"],
+                   output_final_state=True, cu_seqlens=cu, lower_bound=lower_bound)
+        return torch.autograd.grad((o, ht), [xl[n] for n in names], (do, dht))
+
+    for _ in range(1 if dry else 3):
+        call()
+    C.sync(device)
+    n = 2 if dry else 20
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    enqueue = (time.perf_counter() - t0) / n
+    C.sync(device)
+    wall = (time.perf_counter() - t0) / n
+    rec: dict[str, Any] = {"enqueue_ms": enqueue * 1e3, "wall_ms": wall * 1e3}
+    if dry:
+        return rec
+    from torch.profiler import ProfilerActivity, profile
+
+    calls = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name][0] += e.device_time_total / calls
+            per[e.name][1] += 1 / calls
+    rec["kernels"] = {k: {"us": round(v[0], 1), "count": round(v[1], 2)}
+                      for k, v in sorted(per.items(), key=lambda kv: -kv[1][0])}
+    rec["kernel_us_total"] = sum(v[0] for v in per.values())
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"
+    from dplr_gen.runtime import ops
+    from dplr_gen.runtime.loader import package_at
+
+    device = "cpu" if args.dry_run else "cuda"
+    table = DRY_CASES if args.dry_run else CASES
+    pkg = package_at(args.package)
+
+    def op(*a: Any, **k: Any) -> Any:
+        return ops.chunk_rwkv7(*a, package=pkg, **k)
+
+    out_dir = Path(os.environ.get("OUT") or "out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"script": "scripts/kernel_profile.py", "machine": C.machine_info(device),
+                              "package": args.package, "cases": {}}
+    for name in args.case_names:
+        for lb in BOUNDS:
+            key = f"{name}, lower_bound={lb}"
+            rec = profile_case(op, table[name], lb, device, args.dry_run)
+            result["cases"][key] = {"shape": list(table[name][:4]), "lengths": table[name][4], **rec}
+            line = f"{key}: enqueue {rec['enqueue_ms']:.3f} ms, wall {rec['wall_ms']:.3f} ms"
+            if "kernel_us_total" in rec:
+                line += f", kernels {rec['kernel_us_total'] / 1e3:.3f} ms"
+            print(line, flush=True)
+            for k, v in list(rec.get("kernels", {}).items())[:10]:
+                print(f"    {v['us']:9.1f} us x{v['count']:g}  {k[:90]}", flush=True)
+            (out_dir / "kernel_profile.json").write_text(json.dumps(C.jsonable(result), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
