@@ -321,17 +321,21 @@ def dplr_variant(system: System, package: str | Path, x: Mapping[str, Any], cu: 
                            kw.get("lower_bound"))
 
 
-def overlap_picked(package: str | Path, x: Mapping[str, Any]) -> bool:
-    """Whether dplr-gen's chunk backward would run its states pass beside the reverse pass for these dense
-    dplr-fast inputs by itself (the variant's knob and the grid; chunk_driver._overlap), for the record."""
+def overlap_picked(package: str | Path, x: Mapping[str, Any], lengths: Sequence[int] | None = None) -> bool:
+    """Whether dplr-gen's chunk backward would run its states pass beside the reverse pass for these dplr-fast
+    inputs by itself (the variant's knob and the grid; chunk_driver._overlap), for the record; ``lengths``: the
+    sequences of a varlen batch (packed in x, B = 1), whose starts the op reads on the host."""
     from dplr_gen.runtime import chunk_driver
     from dplr_gen.runtime.ops import _kernels
     from dplr_gen.runtime.loader import package_at
 
-    name = dplr_variant(SYSTEMS["dplr-fast"], package, x)
+    cu = None if lengths is None else cu_tensors(lengths, "int32", x["r"].device)[0]
+    name = dplr_variant(SYSTEMS["dplr-fast"], package, x, cu)
     q = x["r"]
     ks = _kernels(str(package_at(package).dir), name, q.device)[0]
-    return chunk_driver._overlap(ks, q, q.shape[0], x["v"].shape[-1])
+    N = q.shape[0] if lengths is None else len(lengths)
+    offsets = None if lengths is None else cu_seqlens_of(lengths)
+    return chunk_driver._overlap(ks, q, N, x["v"].shape[-1], offsets)
 
 
 # ----------------------------------------------------------------------------------------------------------

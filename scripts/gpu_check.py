@@ -27,7 +27,8 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
           recurrent, T=1, B=2048, H=64 (N*H > 65535) vs a vectorised float64 step. Bounds 5e-3.
   compile torch.compile(fullgraph=True) of chunk_rwkv7 fwd+bwd equals eager (relative error <= 1e-5).
   overlap the backward with the states pass beside the reverse pass (a second stream) equals the one-stream
-          backward bit for bit (same kernels, same inputs), at a grid where the driver picks it by itself.
+          backward bit for bit (same kernels, same inputs), at a grid where the driver picks it by itself, and
+          (overlap-varlen) on 11 packed sequences of 512 to 8192 tokens, H=32, where mixed lengths make it pick it.
   graph   forward+backward captured in a CUDA graph (torch.cuda.graph; the driver keeps one stream under
           capture) and replayed equals the eager run bit for bit.
   pool    the decode op with a state pool (fused_mul_recurrent_rwkv7, ssm_state_indices with a padded row, 8
@@ -134,7 +135,7 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
             + [f"gates:{c}:dplr-generic" for c in MIXED] + [f"varlen:{c}:{s}" for c in VARLEN for s in DPLR]
             + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR]
-            + ["compile", "overlap", "graph", "pool"])
+            + ["compile", "overlap", "overlap-varlen", "graph", "pool"])
     wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
     groups = [dplr, wide, ["scale-decode"], ["scale-big"],
               [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
@@ -187,7 +188,8 @@ class Worker:
         if kind == "build":
             return self.build_wide(rest[0])
         return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile,
-                "overlap": self.overlap, "graph": self.graph, "pool": self.pool}[kind]()
+                "overlap": self.overlap, "overlap-varlen": self.overlap_varlen, "graph": self.graph,
+                "pool": self.pool}[kind]()
 
     def accuracy(self, case: Case, case_name: str, system: str, raw: bool) -> dict[str, Any]:
         """o, ht and gradients vs float64 (raw: only whether fwd+bwd runs, and whether it is finite)."""
@@ -316,18 +318,28 @@ class Worker:
     def overlap(self) -> dict[str, Any]:
         """The backward with the states pass on a side stream (chunk_driver.forced(overlap=True)) against the same
         backward on one stream (False): the same kernels on the same inputs, so every output must be equal."""
+        return self._overlap_case(Case(1, 64, 1, 64, "float32", 32) if self.dry else CASES["D64"])
+
+    def overlap_varlen(self) -> dict[str, Any]:
+        """As ``overlap``, on a varlen batch of mixed lengths (the driver counts its grids at mean over longest
+        sequence length, so it picks the side stream where a dense batch of as many programs would not)."""
+        lens = (1, 15, 17, 30) if self.dry else (512, 1024, 4096, 8192, 2048, 768, 6144, 1536, 3072, 2560, 2816)
+        H = 1 if self.dry else 32
+        return self._overlap_case(Case(1, sum(lens), H, 64, "float32" if self.dry else "bfloat16", 36, lens))
+
+    def _overlap_case(self, case: Case) -> dict[str, Any]:
         from dplr_gen.runtime import chunk_driver
 
-        case = Case(1, 64, 1, 64, "float32", 32) if self.dry else CASES["D64"]
         op, _ = C.load_op(C.SYSTEMS["dplr-fast"], self.cfg["package"])
         x = self.inputs(case)
         do, dht = C.grad_outputs(x, case.seed)
+        cu, _ = C.cu_tensors(case.lengths, "int64", self.device)
         # would the driver pick the side stream here by itself (the variant's knob, the grid)?
-        picked = C.overlap_picked(self.cfg["package"], x) if x["r"].is_cuda else None
+        picked = C.overlap_picked(self.cfg["package"], x, case.lengths) if x["r"].is_cuda else None
         out = {}
         for mode in (False, True):
             with chunk_driver.forced(overlap=mode):
-                out[mode] = C.fwd_bwd(op, C.leaves(x), do, dht)
+                out[mode] = C.fwd_bwd(op, C.leaves(x), do, dht, cu)
         return {"picked_by_driver": picked, "errors": C.errors(out[True], out[False])}
 
     def graph(self) -> dict[str, Any]:
@@ -477,7 +489,8 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
                      "cells": cells, "error": err,
                      "status": "FAIL" if err or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
     for job, bound, system in (("scale-decode", 5e-3, "fused_recurrent"), ("compile", COMPILE_TOL, "dplr-fast"),
-                               ("overlap", 0.0, "dplr-fast"), ("graph", 0.0, "dplr-fast"),
+                               ("overlap", 0.0, "dplr-fast"), ("overlap-varlen", 0.0, "dplr-fast"),
+                               ("graph", 0.0, "dplr-fast"),
                                ("pool", COMPILE_TOL, "fused_recurrent")):
         r = results.get(job, {"error": "not run"})
         cells = {q: (e, *judge(e, bound)) for q, e in r.get("errors", {}).items()}
