@@ -179,6 +179,28 @@ def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatc
         assert rel_err(grads[True][n], rg[n]) <= 1e-5, n
 
 
+@pytest.mark.parametrize("form", ["int64", "int32", "no host copy"])
+def test_the_overlap_rule_sees_the_sequence_starts(pkg, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    """The backward asks the overlap rule with the sequence starts the op read on the host (whatever the dtype of
+    cu_seqlens, with or without cu_seqlens_cpu), so that mixed lengths count at their occupancy; a dense batch
+    asks without them."""
+    asked: list[Any] = []
+    monkeypatch.setattr(chunk_driver, "_overlap",
+                        lambda ks, q, N, V, offsets=None: asked.append((N, offsets)) and False)
+    lens = [3, 40, 9]
+    cu = torch.tensor([0, 3, 43, 52], dtype=torch.int32 if form == "int32" else torch.int64)
+    x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32, initial_state=False)
+    extra = {} if form == "no host copy" else {"cu_seqlens_cpu": cu}
+    o, ht, _ = run_op(pkg, x, cu_seqlens=cu, lower_bound=-0.61, **extra)
+    torch.autograd.backward((o, ht), (torch.randn_like(o), torch.randn_like(ht)))
+    assert [(n, list(offs)) for n, offs in asked] == [(3, [0, 3, 43, 52])], asked
+    asked.clear()
+    d = rwkv7_inputs(2, 20, 2, 32, dtype=torch.float32, initial_state=False)
+    o, _, _ = run_op(pkg, d, lower_bound=-0.61)
+    o.sum().backward()
+    assert asked == [(2, None)], asked
+
+
 def test_varlen_without_a_dense_twin_keeps_the_varlen_kernel(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A package whose varlen variant has no dense twin: no launch per sequence even where forced, the varlen
     token pass runs and the gradients are right."""
