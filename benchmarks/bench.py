@@ -44,7 +44,7 @@ DENSE_TWINS = {"dense_equiv": DENSE_EQUIV, "dense_batch": DENSE_BATCH}
 # the call forms users have: 11 sequences of 512-8192 tokens (multiples of 16, so the CUDA kernel runs too) and 8
 # ragged ones (lengths not multiples of 16), with cu_seqlens in int64 (fla-core's type hint) or int32, reused by
 # every call (every layer of a model) or new each step (a data loader's)
-LENGTHS11 = (512, 1024, 4096, 8192, 2048, 768, 6144, 1536, 3072, 2560, 2816)
+LENGTHS11 = C.LENGTHS11
 RAGGED8 = (1000, 2047, 3333, 517, 4099, 1234, 5001, 1873)
 CALL_FORMS = tuple(
     C.Shape(1, sum(lens), 32, 64, lens, name=name, cu_dtype=dt, fresh_cu=fresh)

@@ -381,6 +381,11 @@ def mixed_lengths(n: int, total: int, seed: int = 0, min_len: int = 1) -> tuple[
     return tuple(lens)
 
 
+# the bench's varlen call form: 11 sequences of 512-8192 tokens (32,768; multiples of 16, so the CUDA kernel runs
+# too), the mixed lengths of a packed training batch
+LENGTHS11 = (512, 1024, 4096, 8192, 2048, 768, 6144, 1536, 3072, 2560, 2816)
+
+
 def cu_seqlens_of(lengths: Sequence[int]) -> list[int]:
     cu = [0]
     for n in lengths:

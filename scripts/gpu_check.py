@@ -323,7 +323,7 @@ class Worker:
     def overlap_varlen(self) -> dict[str, Any]:
         """As ``overlap``, on a varlen batch of mixed lengths (the driver counts its grids at mean over longest
         sequence length, so it picks the side stream where a dense batch of as many programs would not)."""
-        lens = (1, 15, 17, 30) if self.dry else (512, 1024, 4096, 8192, 2048, 768, 6144, 1536, 3072, 2560, 2816)
+        lens = (1, 15, 17, 30) if self.dry else C.LENGTHS11
         H = 1 if self.dry else 32
         return self._overlap_case(Case(1, sum(lens), H, 64, "float32" if self.dry else "bfloat16", 36, lens))
 
@@ -386,14 +386,15 @@ class Worker:
         gen = torch.Generator(device=self.device).manual_seed(35)
         before = torch.randn(n_slots, H, D, D, generator=gen, device=self.device).mul_(0.5)
         pool = before.clone()
-        cu = torch.tensor(C.cu_seqlens_of(lens), dtype=torch.int32, device=self.device)
+        offs = C.cu_seqlens_of(lens)
+        cu = torch.tensor(offs, dtype=torch.int32, device=self.device)
         pkg = self.package()
         with torch.inference_mode():
             o, _ = ops.fused_mul_recurrent_rwkv7(x["r"], x["w"], x["k"], x["v"], kk, rate, scale=1.0,
                                                  initial_state=pool, cu_seqlens=cu, package=pkg,
                                                  ssm_state_indices=torch.tensor(slots, dtype=torch.int32))
             ref_o, ref_states = [], []
-            for i, (bos, eos) in enumerate(zip(cu.tolist()[:-1], cu.tolist()[1:])):
+            for i, (bos, eos) in enumerate(zip(offs[:-1], offs[1:])):
                 h0 = before[slots[i]:slots[i] + 1] if slots[i] >= 0 else torch.zeros_like(before[:1])
                 part = [t[:, bos:eos] for t in (x["r"], x["w"], x["k"], x["v"], kk, rate)]
                 oi, hi = ops.fused_mul_recurrent_rwkv7(*part, scale=1.0, initial_state=h0.clone(),

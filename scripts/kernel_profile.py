@@ -28,10 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import common as C  # noqa: E402
 
-LENGTHS11 = (512, 1024, 4096, 8192, 2048, 768, 6144, 1536, 3072, 2560, 2816)
 # name -> (B, T, H, D, sequence lengths or None)
 CASES: dict[str, tuple[int, int, int, int, tuple[int, ...] | None]] = {
-    "varlen11": (1, sum(LENGTHS11), 32, 64, LENGTHS11),
+    "varlen11": (1, sum(C.LENGTHS11), 32, 64, C.LENGTHS11),
     "dense8x4096": (8, 4096, 32, 64, None),
     "dense4x4096": (4, 4096, 32, 64, None),
     "dense1x32768": (1, 32768, 32, 64, None),

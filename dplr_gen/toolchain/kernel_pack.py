@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cache
+from .clean import manifest_entries
 from .launch import LAUNCH_EXTS
 from .package_kernels import cache_root_of, read_manifest
 
@@ -41,7 +42,8 @@ class Unpacked:
 
 
 def _launch_file(name: str) -> bool:
-    return name == cache.META or name.rsplit(".", 1)[-1] in LAUNCH_EXTS
+    """A file launching reads: the kernel's metadata and binary; the entry's meta.json is a json too."""
+    return name.rsplit(".", 1)[-1] in LAUNCH_EXTS
 
 
 def pack(directory: Path, out: Path) -> dict[str, Any]:
@@ -51,7 +53,7 @@ def pack(directory: Path, out: Path) -> dict[str, Any]:
     if manifest is None:
         raise FileNotFoundError(f"{directory} has no manifest.json: build the spec first (`dplr-gen build`)")
     tv, root = str(manifest["triton_version"]), cache_root_of(manifest)
-    keys = sorted({k["key"] for u in manifest["units"].values() for k in u.get("kernels", [])})
+    keys = sorted(key for _, key in manifest_entries(manifest))
     gone = [key for key in keys if not cache.present(key, tv, root)]
     if gone:
         raise FileNotFoundError(f"{len(gone)} of the {len(keys)} kernels the build of {manifest['spec']} stored are "
