@@ -773,8 +773,11 @@ def test_generic_gate_form_taken(monkeypatch, form, gates):
     m = load(v).m
     monkeypatch.setattr(m, f"_chunk_A_{form}", _nan_chunk_A)
     monkeypatch.setattr(m, f"_intra_bwd_{form}", _nan_intra_bwd)
-    # two whole chunks (a short last chunk of steep decays would be factorable)
-    check(run_case(v, T=64, H=1, gates=gates), TOL["fp32"])
+    # two whole chunks (a short last chunk of steep decays would be factorable). Steep decays (taken row by row)
+    # leave dgk a few times fp32's usual rounding (median 4.6e-6 over 60 seeds, tail past 1e-5), so their
+    # bound is 3x fp32's; a wrong form gives NaN either way.
+    tol = TOL["fp32"] * (1 if gates is None else 3)
+    check(run_case(v, T=64, H=1, gates=gates), tol)
     # and the replacement does reach the kernels: the other gates produce NaN
     other = (lambda g: g.clamp_(max=-2.5)) if gates is None else None
     errs = run_case(v, T=64, H=1, gates=other)
