@@ -69,7 +69,8 @@ def start_build(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def finished_kernels(tmp_path: Path) -> dict[Path, float]:
-    return {m: m.stat().st_mtime for m in (tmp_path / "cache").glob("triton-*/*/*/meta.json")}
+    # complete entries only: an entry being written sits in a .tmp-* folder until it is renamed into place
+    return {m: m.stat().st_mtime for m in (tmp_path / "cache").glob("triton-*/*/[!.]*/meta.json")}
 
 
 def compiles_running(pgid: int) -> int:
