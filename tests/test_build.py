@@ -15,7 +15,7 @@ import pytest
 
 from dplr_gen.toolchain import build as b
 from dplr_gen.toolchain import cache
-from dplr_gen.toolchain.compile import CompileJob, run_in_subprocess
+from dplr_gen.toolchain.compile import CompileJob, import_source, run_in_subprocess
 
 SMALL = """
 name: small
@@ -229,6 +229,67 @@ def test_build_keeps_launch_stubs_for_every_built_kernel(small_spec: Path, tmp_p
     (out / "small" / "manifest.json").unlink()
     with pytest.raises(loader.NotBuiltError, match="dplr-gen build"):
         loader.package_at(out / "small").build_launch_stubs()
+
+
+def test_loaded_from_launch_records_as_from_the_source(small_spec: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built unit loads from the launch records its build kept (the rendered source not imported): the same
+    tables, kernels and Triton sources as loading through the imported module, and the same C launcher Triton's
+    CUDA driver would generate for each kernel. A manifest without records (an earlier build) is not current,
+    and its units load through the source."""
+    import triton.backends.nvidia.driver as nv
+
+    from dplr_gen.runtime import loader
+    from dplr_gen.toolchain import launch_stubs, package_kernels
+
+    out = tmp_path / "gen"
+    assert not b.build(small_spec, jobs=2, out_root=out, stubs=False).failures
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launch_stubs, "warm_launchers", lambda ks, keep_in=None: None)
+    imported: list[str] = []
+    monkeypatch.setattr(package_kernels, "unit_module", lambda *a: imported.append(a) or pytest.fail("imported"))
+    pkg = loader.SpecPackage(out / "small")
+    manifest = pkg.manifest()
+    launchers: dict[str, str] = {}
+
+    def launcher_source(k: Any) -> str:
+        monkeypatch.setattr(nv, "library_dirs", lambda: [])
+        monkeypatch.setattr(nv, "compile_module_from_src",
+                            lambda src, name, **kw: launchers.setdefault("src", src) and type("M", (), {"launch": 0}))
+        launchers.clear()
+        nv.CudaLauncher(k.compiled.src, k.compiled.metadata)
+        return launchers["src"]
+
+    for variant in pkg.variant_names:
+        for target in ("sm_80", "sm_90"):
+            ks = pkg._load(variant, target)
+            entry = pkg.index["variants"][variant]["targets"][target]
+            module = import_source(out / "small" / entry["source"], f"records_{entry['unit']}")
+            ref, why = package_kernels.aot_kernels(module, entry["unit"], manifest)
+            assert ref is not None, why
+            assert sorted(ks.aot) == sorted(ref) == sorted(module.SIGNATURES)
+            assert ks.module.OPTIONS == getattr(module, "OPTIONS", {})
+            for name, k in ks.aot.items():
+                assert ks.constexprs(name) == module.CONSTEXPRS[name]
+                assert list(ks.arguments(name)) == list(module.SIGNATURES[name])
+                assert ks.module.LAUNCH[name] == module.LAUNCH[name]
+                src, want = k.compiled.src, ref[name].compiled.src
+                assert (src.name, src.signature, src.constants, str(src.attrs)) == \
+                    (want.name, want.signature, want.constants, str(want.attrs))
+                assert k._order == ref[name]._order and k.compiled.hash == ref[name].compiled.hash
+                assert launcher_source(k) == launcher_source(ref[name])
+    assert not imported
+    # a manifest from before records were kept: not current, and the loader imports the source
+    for unit in manifest["units"].values():
+        del unit["declared"]
+    (out / "small" / "manifest.json").write_text(json.dumps(manifest))
+    assert not b.manifest_is_current(b.plan(small_spec, out), manifest, tmp_path / "cache")
+    monkeypatch.undo()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("DPLR_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(launch_stubs, "warm_launchers", lambda ks, keep_in=None: None)
+    ks = loader.SpecPackage(out / "small")._load(pkg.variant_names[0], "sm_90")
+    assert hasattr(ks.module, "__file__") and ks.aot
 
 
 GLUON_SHARED = """

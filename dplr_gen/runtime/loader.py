@@ -91,7 +91,8 @@ def _sm_limits(device: torch.device) -> dict[str, int]:
 
 
 class KernelSet:
-    """``ks.<kernel>[grid](*runtime_args)``: the constexprs and launch options come from the variant's source."""
+    """``ks.<kernel>[grid](*runtime_args)``: the constexprs and launch options come from the variant's source
+    (``module``: the rendered module, or the ``LaunchTables`` the build recorded of it)."""
 
     def __init__(self, module: Any, aot: dict[str, Any] | None) -> None:
         self.module = module
@@ -232,11 +233,10 @@ class SpecPackage:
         if not self.built(variant):
             return self._providers[variant](self, self.variants[variant], target)
         entry = self.index["variants"][variant]["targets"][target]
-        module = self._import_unit(entry)
+        if interpreting():
+            return interpreted_kernel_set(self._import_unit(entry))
         from ..toolchain import launch_stubs, triton_versions
 
-        if interpreting():
-            return interpreted_kernel_set(module)
         if self.index.get("triton_version") != str(triton_versions.triton_version()):
             # rendered for another release: its sources may lack a workaround this one needs (the registry is
             # read only here, so a prebuilt package's cold start does not import pydantic and yaml)
@@ -244,6 +244,13 @@ class SpecPackage:
         if entry["flags"].get("needs_allocator"):
             _set_torch_allocator()
         manifest = self.manifest()
+        recorded = None if self._not_built(manifest, entry["unit"]) else package_kernels.recorded_kernels(
+            entry["unit"], manifest)
+        if recorded is not None:  # launched from the build's records: the rendered source is not imported
+            tables, aot = recorded
+            launch_stubs.warm_launchers(aot.values(), keep_in=self._stub_store(manifest))
+            return KernelSet(tables, aot)
+        module = self._import_unit(entry)
         aot, why = self._load_aot(module, entry["unit"], manifest)
         if aot is not None:
             launch_stubs.warm_launchers(aot.values(), keep_in=self._stub_store(manifest))

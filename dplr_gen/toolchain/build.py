@@ -168,6 +168,8 @@ def manifest_is_current(p: Plan, manifest: dict[str, Any] | None, root: Path) ->
         return False
     if manifest.get("triton_version") != str(p.triton_version) or set(manifest["units"]) != set(p.unit_files):
         return False
+    if any("declared" not in u for u in manifest["units"].values()):  # built before launch records were kept
+        return False
     tv = str(p.triton_version)
     return all(
         (cache.entry_dir(k["key"], tv, root) / cache.META).exists()
@@ -274,7 +276,8 @@ def _compile_and_record(
         "spec": p.spec.name, "index_sha": p.index_sha, "triton_version": tv,
         "generator_version": GENERATOR_VERSION, "cache_root": str(root),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "units": {o.unit: {"target": o.target, "kernels": o.kernels} for o in report.outcomes if o.ok},
+        "units": {o.unit: {"target": o.target, "kernels": o.kernels, "options": o.options, "declared": o.declared}
+                  for o in report.outcomes if o.ok},
         "failures": [{"unit": o.unit, "target": o.target, "error": o.error} for o in report.failures],
     }
     cache.atomic_write_text(p.out_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")

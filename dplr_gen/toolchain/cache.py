@@ -97,6 +97,15 @@ def write_entry(
     return final
 
 
+def add_to_meta(key: str, triton_version: str, extra: dict[str, Any], root: Path | None = None) -> dict[str, Any]:
+    """A complete entry's metadata with ``extra`` added, written over the old in one rename (readers see either);
+    call under :func:`locked`. The compiled files are not touched."""
+    path = entry_dir(key, triton_version, root) / META
+    meta = {**json.loads(path.read_text()), **extra}
+    atomic_write_text(path, json.dumps(meta, indent=1, sort_keys=True))
+    return meta
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a file so that readers see the old or the new content, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,10 @@ class CompileOutcome:
     failed: list[str] = field(default_factory=list)  # kernels that compiled but failed a check
     over_smem: list[str] = field(default_factory=list)  # those of them refused for their shared memory alone
     compiled: list[str] = field(default_factory=list)  # kernels this job compiled (the rest: found in the cache)
+    # the unit's host-side choices (its OPTIONS) and the kernels its source declares: with each kernel's launch
+    # record (in its cache entry) what the loader needs to launch the unit without importing its source
+    options: dict[str, Any] = field(default_factory=dict)
+    declared: list[str] = field(default_factory=list)
 
 
 def job_for(unit: Any, source: str | Path, text: str, root: Path, triton_version: str,
@@ -93,23 +97,30 @@ def kernel_cache_key(job_source_hash: str, name: str, module: ModuleType, cc: in
 
 def run_job(job: CompileJob) -> CompileOutcome:
     """Compile in this process (the caller made it a fresh one)."""
-    from . import cache, triton_compile, ttgir
+    from . import cache, launch, triton_compile, ttgir
 
     module = import_source(job.source, f"dplr_gen_build_{job.unit}")
     root = Path(job.cache_root)
-    out = CompileOutcome(job.unit, job.target, ok=True)
+    out = CompileOutcome(job.unit, job.target, ok=True, options=dict(getattr(module, "OPTIONS", {})),
+                         declared=list(module.SIGNATURES))
     for name in job.kernels if job.kernels is not None else module.SIGNATURES:
         key = kernel_cache_key(job.source_hash, name, module, job.cc, job.triton_version)
+        def record() -> dict[str, Any]:
+            return launch.launch_record(getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
+                                        module.LAUNCH[name])
+
         with cache.locked(key, job.triton_version, root):
             meta = None if job.force else cache.read_entry(key, job.triton_version, root)
+            if meta is not None and "launch" not in meta:  # an entry stored before launch records were kept
+                meta = cache.add_to_meta(key, job.triton_version, {"launch": record()}, root)
             if meta is None:
                 print(COMPILING_PREFIX + name, flush=True)
                 t0 = time.perf_counter()
                 try:
-                    launch = dict(module.LAUNCH[name])  # num_warps, num_stages, then compiler options (maxnreg)
+                    options = dict(module.LAUNCH[name])  # num_warps, num_stages, then compiler options (maxnreg)
                     res = triton_compile.compile_kernel(
                         getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name], job.cc,
-                        launch.pop("num_warps"), launch.pop("num_stages"), launch,
+                        options.pop("num_warps"), options.pop("num_stages"), options,
                     )
                 except Exception as e:
                     e.dplr_gen_kernel = name  # type: ignore[attr-defined]
@@ -141,11 +152,11 @@ def run_job(job: CompileJob) -> CompileOutcome:
                     "num_stages": module.LAUNCH[name]["num_stages"], "compile_s": round(seconds, 3),
                     "triton_version": job.triton_version, "source_hash": job.source_hash,
                     "ttgir_sha256": hashlib.sha256(res.ttgir.encode()).hexdigest()[:16],
-                    "triton_metadata": res.metadata,
+                    "triton_metadata": res.metadata, "launch": record(),
                 }
                 cache.write_entry(key, job.triton_version, res.files, meta, root, replace=job.force)
                 out.compiled.append(name)
-            out.kernels.append({k: meta[k] for k in meta if k != "triton_metadata"})
+            out.kernels.append({k: meta[k] for k in meta if k not in ("triton_metadata", "launch")})
     return out
 
 

@@ -13,6 +13,49 @@ from .triton_source import make_source
 LAUNCH_EXTS = ("json", "cubin")
 
 
+def launch_record(fn: Any, signature: Mapping[str, str], constexprs: Mapping[str, Any],
+                  launch: Mapping[str, Any]) -> dict[str, Any]:
+    """What launching kernel ``fn`` as compiled needs besides its binary, as JSON (ordered pairs: a cache entry's
+    metadata is written with sorted keys): its function name, argument names, run-time signature, constexprs and
+    launch options. The build stores it in the kernel's cache entry; ``RecordedKernel`` reads it back."""
+    from .triton_source import _arg_names
+
+    return {"name": fn.__name__, "args": _arg_names(fn), "signature": [[n, t] for n, t in signature.items()],
+            "constexprs": [[n, v] for n, v in constexprs.items()], "launch": dict(launch)}
+
+
+class RecordedKernel:
+    """A kernel's ``launch_record`` standing in for its ``@jit`` function where the kernel is only launched, never
+    compiled: Triton's launch path reads the function's name, its argument names and (3.1/3.2) the indices of
+    its constexpr arguments. Loading a package's kernels from records skips importing the rendered source,
+    whose ``@jit`` decorators read each function's source back with ``inspect`` (most of a variant's load)."""
+
+    launch_metadata = None  # a @jit function's launch-metadata hook: Triton calls it only where one is set
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        self.__name__: str = record["name"]
+        self.arg_names: list[str] = list(record["args"])
+        constant = {n for n, _ in record["constexprs"]}
+        self.constexprs: list[int] = [i for i, n in enumerate(self.arg_names) if n in constant]
+        self.signature: dict[str, str] = {n: t for n, t in record["signature"]}
+        self.constants: dict[str, Any] = {n: v for n, v in record["constexprs"]}
+        self.launch: dict[str, Any] = dict(record["launch"])
+
+
+class LaunchTables:
+    """A rendered unit's tables as its module declares them (CONSTEXPRS, SIGNATURES, LAUNCH per kernel, and
+    OPTIONS), rebuilt from its kernels' launch records: what the runtime's kernel set reads of the module."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.OPTIONS: dict[str, Any] = dict(options)
+        self.CONSTEXPRS: dict[str, dict[str, Any]] = {}
+        self.SIGNATURES: dict[str, dict[str, str]] = {}
+        self.LAUNCH: dict[str, dict[str, Any]] = {}
+
+    def add(self, name: str, fn: RecordedKernel) -> None:
+        self.CONSTEXPRS[name], self.SIGNATURES[name], self.LAUNCH[name] = fn.constants, fn.signature, fn.launch
+
+
 class LoadedKernel:
     """A launchable kernel rebuilt from persisted files: ``kernel[grid](*runtime_args, stream=None)``."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import cache, settings
 from .compile import import_source
@@ -73,6 +73,14 @@ def stub_store(manifest: dict[str, Any] | None) -> tuple[Path, str] | None:
 def load_cached_kernels(module: Any, records: list[tuple[str, str]], root: Path) -> tuple[dict[str, Any] | None, str]:
     """The kernels (name, cache key) of ``records`` from dplr-gen's cache under ``root`` for this process's Triton
     release, launchable without compiling; or None and why not."""
+    return _cached_kernels(records, root, lambda name, meta: (
+        getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name]))
+
+
+def _cached_kernels(records: list[tuple[str, str]], root: Path, parts: Callable[[str, dict[str, Any]], Any],
+                    ) -> tuple[dict[str, Any] | None, str]:
+    """``load_cached_kernels`` with each kernel's (function, signature, constexprs) from ``parts(name, entry
+    metadata)``."""
     from . import launch, triton_versions
 
     installed = str(triton_versions.triton_version())
@@ -81,10 +89,9 @@ def load_cached_kernels(module: Any, records: list[tuple[str, str]], root: Path)
         meta = cache.read_entry(key, installed, root)
         if meta is None:
             return None, f"its cache entry for {name} is missing under {root}"
-        out[name] = launch.load_kernel(
-            getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
-            cache.entry_dir(key, installed, root), meta["triton_metadata"].get("hash", key),
-        )
+        fn, signature, constexprs = parts(name, meta)
+        out[name] = launch.load_kernel(fn, signature, constexprs, cache.entry_dir(key, installed, root),
+                                       meta["triton_metadata"].get("hash", key))
     return out, ""
 
 
@@ -96,6 +103,37 @@ def aot_kernels(module: Any, unit: str, manifest: dict[str, Any] | None) -> tupl
     assert manifest is not None  # not_built says why otherwise
     records = [(rec["kernel"], rec["key"]) for rec in manifest["units"][unit]["kernels"]]
     return load_cached_kernels(module, records, cache_root_of(manifest))
+
+
+class _NoRecord(Exception):
+    pass
+
+
+def recorded_kernels(unit: str, manifest: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+    """A built unit's launch tables (``launch.LaunchTables``) and kernels from its manifest record and the launch
+    records in its kernels' cache entries, without importing its rendered source; None where the build
+    recorded less (a build by an earlier dplr-gen, or of some of the unit's kernels only). The caller checked
+    that ``manifest`` has the unit built for this Triton release (``not_built``)."""
+    from . import launch
+
+    rec = manifest["units"][unit]
+    records = [(k["kernel"], k["key"]) for k in rec["kernels"]]
+    if "declared" not in rec or {n for n, _ in records} != set(rec["declared"]):
+        return None
+    tables = launch.LaunchTables(rec.get("options", {}))
+
+    def parts(name: str, meta: dict[str, Any]) -> Any:
+        if "launch" not in meta:
+            raise _NoRecord
+        fn = launch.RecordedKernel(meta["launch"])
+        tables.add(name, fn)
+        return fn, fn.signature, fn.constants
+
+    try:
+        kernels, _ = _cached_kernels(records, cache_root_of(manifest), parts)
+    except _NoRecord:
+        return None
+    return (tables, kernels) if kernels is not None else None
 
 
 def build_launch_stubs(directory: Path) -> int:
