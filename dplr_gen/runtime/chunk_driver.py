@@ -673,9 +673,12 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1], saved.get("offsets")):
         h, u, dh, dr, dh0, dv = _states_beside_reverse_pass(ks, v, saved, pr, do, dht)
     else:
-        h, u = chunk_states(ks, v, saved, pr)[:2] if recomputed else saved["states"]
-        pr = pr._replace(w=None, m=None, bwt=None)  # freed before the reverse pass allocates
+        # the reverse pass first: the prep's reverse-pass operands (Y, P and the scaled operands, 3.75X at
+        # K = V = 64, X = one [B, T, H, K] tensor) are freed before the states pass allocates h and U, and only
+        # the states pass's (W, M, (B e^..)^T, 2.25X) live beside dh (docs/design.md, buffers reused)
         dh, dr, dh0, dv = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
+        pr = pr._replace(x1=None, x2=None, x3=None, x4=None, x5=None, x6=None)
+        h, u = chunk_states(ks, v, saved, pr)[:2] if recomputed else saved["states"]
     del pr
     dq, dk, da, db, dg = chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dk_over_dr=True,
                                                dq_over_u=recomputed, steps=steps)
