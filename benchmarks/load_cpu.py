@@ -38,7 +38,9 @@ name = ops._select(str(pkg.dir), "chunk", torch.bfloat16, 64, 64, False, None, -
 t1 = time.perf_counter()
 ks = pkg._load(name, "sm_90")
 t2 = time.perf_counter()
-print(json.dumps({"variant": name, "aot": bool(ks.aot), "import_select_s": t1 - t0, "load_s": t2 - t1,
+# "records": launched from the build's launch records, the rendered source not imported (docs/design.md, cold start)
+print(json.dumps({"variant": name, "aot": bool(ks.aot), "from": "source" if hasattr(ks.module, "__file__") else "records",
+                  "import_select_s": t1 - t0, "load_s": t2 - t1,
                   "heavy_modules": sorted(m for m in ("pydantic", "yaml", "jinja2") if m in sys.modules)}))
 """
 
