@@ -658,8 +658,9 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
 
 def chunk_dplr_bwd(ks, v, saved, do, dht):
     """Returns (dq, dk, dv, da, db, dgk, dh0): gradients in the input dtypes, dgk in the gate dtype, dh0 fp32.
-    Launches: the backward prep (unless the forward ran it: ``saved['prep']``); the states pass if ``saved``
-    has no states; the reverse pass (which also writes dv); the token pass."""
+    Launches: the backward prep (unless the forward ran it: ``saved['prep']``); the reverse pass (which also
+    writes dv); the states pass if ``saved`` has no states (beside the reverse pass where ``_overlap`` says so);
+    the token pass."""
     do = do.contiguous()
     q, k, a, b, gk = (saved[n] for n in ("q", "k", "a", "b", "gk"))
     recomputed = saved["states"] is None  # else h and U are the forward's, saved by autograd: read only
