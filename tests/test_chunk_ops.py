@@ -539,14 +539,20 @@ def test_fused_recurrent_backward_through_chunk_kernels(tmp_path_factory: pytest
         assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
 
 
-def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("keep_states", [False, True])
+def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                       keep_states: bool) -> None:
     """The largest set of dplr-gen buffers alive at once during forward + backward (recomputed states): o, the
     final state, the small ones, and the largest of three phases, nothing else. The reverse pass runs first, with
     the whole backward prep (W, M, (B e^..)^T, (K e^..)^T, Y, (Q e^gamma)^T, (A e^gamma')^T, P, A_qk^T, A_ak^T,
     e^gamma_C) and what it writes (dh, dR, dv); then the states pass, with only its own operands of the prep
     (W, M, (B e^..)^T, (K e^..)^T, e^gamma_C) beside dh, dR, dv and what it writes (h, U); then the token pass
     (h, dh, dq written over U, dk over dR, dv, da, db, dgk). With the states pass first the reverse pass held
-    h and U beside its operands (docs/design.md, buffers reused)."""
+    h and U beside its operands (docs/design.md, buffers reused).
+    States kept by the forward (``disable_recompute``): its prep is the backward's with the forward's operands
+    too, beside h and U; it hands the backward that prep without the states pass's operands (W, M,
+    (B e^..)^T), so the backward runs no prep and no states pass, and the reverse pass holds the rest beside h
+    and U; then the token pass, with dq in a buffer of its own (U is the forward's)."""
     import weakref
 
     live: dict[int, int] = {}
@@ -564,7 +570,7 @@ def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path
     monkeypatch.setattr(chunk_driver, "_empty", tracked)
     B, T, H, K = 1, 64, 2, 32
     x = rwkv7_inputs(B, T, H, K, dtype=torch.float16)
-    o, ht, xs = run_op(gpkg, x, lower_bound=-0.61)
+    o, ht, xs = run_op(gpkg, x, lower_bound=-0.61, disable_recompute=keep_states)
     torch.autograd.grad((o, ht), [xs[n] for n in NAMES], (torch.randn_like(o), torch.randn_like(ht)))
     C = 16
     token = B * T * H * K * 2  # one [B, T, H, K] fp16 tensor
@@ -576,5 +582,10 @@ def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path
     states_pass = 2 * states + token + 3 * token + cc + egc + 2 * token + token + small  # h, dh, o, ops, dR, dv, U, ht
     token_pass = 2 * states + token + 6 * token  # h, dh, o, dq (= U), dk (= dR), dv, da, db, dgk
     model = 2 * small + max(reverse_pass, states_pass, token_pass)
+    if keep_states:
+        forward = token + 8 * token + 6 * cc + egc + states + token  # o, the prep with the forward's operands, h, U
+        reverse_pass = 2 * states + 2 * token + 4 * token + 3 * cc + egc + 2 * token  # h, dh, U, o, ops, dR, dv
+        token_pass = 2 * states + 2 * token + 6 * token  # h, dh, U, o, dq, dk (= dR), dv, da, db, dgk
+        model = 2 * small + max(forward, reverse_pass, token_pass)
     assert peak[0] <= model, f"peak {peak[0]} B, model {model} B"
     assert peak[0] >= 2 * states + 5 * token  # the tracker saw the backward
