@@ -349,16 +349,30 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     if fwd_ops and (skip_wm or not for_bwd):
         raise ValueError("fwd_ops: only the backward's prep with the states pass's operands (pass_ops) writes "
                          "the forward's operands too")
+    dt, dev = q.dtype, q.device
+    x4 = x5 = x6 = None
     if for_bwd:
-        w, m = (None, None) if skip_wm else (_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device))
-        bwt = None if skip_wm and not derives_states(ks) else _empty(ck, q.dtype, q.device)
-        kwt, x1, x2, x3 = (_empty(shape, q.dtype, q.device) for shape in (ck, ck, cc, ck))
+        # one allocation per group of outputs that die together (chunk_dplr_bwd): the reverse pass's operands
+        # after it, the states pass's after it; e^gamma_C and (K e^..)^T, which both read, on their own, and
+        # so the operands a deriving token pass reads later ((Q e^gamma)^T, (A e^gamma')^T, (B e^..)^T)
+        derive = derives_states(ks)
+        if derive:
+            x1, x2, x5, x6 = _empty_parts([ck, cc, cc, cc], dt, dev)
+            x3, x4 = _empty(ck, dt, dev), _empty(ck, dt, dev)
+        else:
+            x1, x2, x3, x4, x5, x6 = _empty_parts([ck, cc, ck, ck, cc, cc], dt, dev)
+        if skip_wm:
+            w = m = None
+            bwt = _empty(ck, dt, dev) if derive else None
+        elif derive:
+            (w, m), bwt = _empty_parts([ck, cc], dt, dev), _empty(ck, dt, dev)
+        else:
+            w, m, bwt = _empty_parts([ck, cc, ck], dt, dev)
+        kwt = _empty(ck, dt, dev)
     else:  # all read by the forward pass only, so they die together: one allocation
-        w, m, bwt, kwt, x1, x2, x3 = _empty_parts([ck, cc, ck, ck, cc, cc, ck], q.dtype, q.device)
-    egc = _empty((n_slots, H, K), torch.float32, q.device)
-    x4, x5, x6 = ((_empty(ck, q.dtype, q.device), _empty(cc, q.dtype, q.device), _empty(cc, q.dtype, q.device))
-                  if for_bwd else (None, None, None))
-    fx = tuple(_empty(shape, q.dtype, q.device) for shape in (cc, cc, ck)) if fwd_ops else None
+        w, m, bwt, kwt, x1, x2, x3 = _empty_parts([ck, cc, ck, ck, cc, cc, ck], dt, dev)
+    egc = _empty((n_slots, H, K), torch.float32, dev)
+    fx = tuple(_empty_parts([cc, cc, ck], dt, dev)) if fwd_ops else None  # the forward's: gone after it
     # the skipped outputs' arguments: one valid element for the kernel's masked-off stores
     stub = _stub(q.dtype, q.device) if skip_wm or (for_bwd and not fwd_ops) else None
     w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
