@@ -105,7 +105,8 @@ def run_job(job: CompileJob) -> CompileOutcome:
                          declared=list(module.SIGNATURES))
     for name in job.kernels if job.kernels is not None else module.SIGNATURES:
         key = kernel_cache_key(job.source_hash, name, module, job.cc, job.triton_version)
-        def record() -> dict[str, Any]:
+
+        def record() -> dict[str, Any]:  # formed only after the compile is announced (a compile may abort)
             return launch.launch_record(getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name],
                                         module.LAUNCH[name])
 
