@@ -22,6 +22,7 @@ from packaging.version import Version
 
 from . import cache, clean
 from .compile import Cancel, CompileOutcome, job_for, run_in_subprocess
+from .package_kernels import read_manifest
 from ..render.render import GENERATOR_VERSION, TEMPLATE_FOR_OP, render_template, render_unit, source_hash
 from ..spec.models import Spec, load_spec
 from ..plan.variants import BuildUnit, Filtered, build_units
@@ -153,13 +154,6 @@ class BuildInterrupted(KeyboardInterrupt):
     def __init__(self, spec_path: Path, done: list[str], total: int, cache_root: Path) -> None:
         super().__init__(f"build of {spec_path} interrupted after {len(done)} of {total} units")
         self.spec_path, self.done, self.total, self.cache_root = spec_path, done, total, cache_root
-
-
-def read_manifest(out_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((out_dir / MANIFEST).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def manifest_is_current(p: Plan, manifest: dict[str, Any] | None, root: Path) -> bool:
