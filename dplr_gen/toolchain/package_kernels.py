@@ -101,8 +101,12 @@ def aot_kernels(module: Any, unit: str, manifest: dict[str, Any] | None) -> tupl
     if why:
         return None, why
     assert manifest is not None  # not_built says why otherwise
-    records = [(rec["kernel"], rec["key"]) for rec in manifest["units"][unit]["kernels"]]
-    return load_cached_kernels(module, records, cache_root_of(manifest))
+    return load_cached_kernels(module, _kernel_records(manifest["units"][unit]), cache_root_of(manifest))
+
+
+def _kernel_records(unit_record: dict[str, Any]) -> list[tuple[str, str]]:
+    """(kernel name, cache key) of each kernel a manifest's unit record names."""
+    return [(k["kernel"], k["key"]) for k in unit_record["kernels"]]
 
 
 class _NoRecord(Exception):
@@ -117,7 +121,7 @@ def recorded_kernels(unit: str, manifest: dict[str, Any]) -> tuple[Any, dict[str
     from . import launch
 
     rec = manifest["units"][unit]
-    records = [(k["kernel"], k["key"]) for k in rec["kernels"]]
+    records = _kernel_records(rec)
     if "declared" not in rec or {n for n, _ in records} != set(rec["declared"]):
         return None
     tables = launch.LaunchTables(rec.get("options", {}))
