@@ -368,7 +368,6 @@ class Worker:
         torch.cuda.synchronize()
         return {"captured": True, "errors": C.errors(out, eager)}
 
-
     def pool(self) -> dict[str, Any]:
         """A decode step over a state pool (sequence i reads and writes slot ``slots[i]`` in place; -1: a padded
         row, zero state, nothing written) against one call per sequence, each from its slot's state as

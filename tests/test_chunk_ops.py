@@ -542,13 +542,13 @@ def test_fused_recurrent_backward_through_chunk_kernels(tmp_path_factory: pytest
 @pytest.mark.parametrize("keep_states", [False, True])
 def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path, monkeypatch: pytest.MonkeyPatch,
                                                                        keep_states: bool) -> None:
-    """The largest set of dplr-gen buffers alive at once during forward + backward (recomputed states): o, the
-    final state, the small ones, and the largest of three phases, nothing else. The reverse pass runs first, with
-    the whole backward prep (W, M, (B e^..)^T, (K e^..)^T, Y, (Q e^gamma)^T, (A e^gamma')^T, P, A_qk^T, A_ak^T,
-    e^gamma_C) and what it writes (dh, dR, dv); then the states pass, with only its own operands of the prep
-    (W, M, (B e^..)^T, (K e^..)^T, e^gamma_C) beside dh, dR, dv and what it writes (h, U); then the token pass
-    (h, dh, dq written over U, dk over dR, dv, da, db, dgk). With the states pass first the reverse pass held
-    h and U beside its operands (docs/design.md, buffers reused).
+    """The largest set of dplr-gen buffers alive at once during forward + backward (states recomputed; kept:
+    below): o, the final state, the small ones, and the largest of three phases, nothing else. The reverse pass
+    runs first, with the whole backward prep (W, M, (B e^..)^T, (K e^..)^T, Y, (Q e^gamma)^T, (A e^gamma')^T,
+    P, A_qk^T, A_ak^T, e^gamma_C) and what it writes (dh, dR, dv); then the states pass, with only its own
+    operands of the prep (W, M, (B e^..)^T, (K e^..)^T, e^gamma_C) beside dh, dR, dv and what it writes (h, U);
+    then the token pass (h, dh, dq written over U, dk over dR, dv, da, db, dgk). With the states pass first the
+    reverse pass held h and U beside its operands (docs/design.md, buffers reused).
     States kept by the forward (``disable_recompute``): its prep is the backward's with the forward's operands
     too, beside h and U; it hands the backward that prep without the states pass's operands (W, M,
     (B e^..)^T), so the backward runs no prep and no states pass, and the reverse pass holds the rest beside h
