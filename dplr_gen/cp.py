@@ -446,13 +446,14 @@ class _Piece:
         """The rest, with ``dht`` [1, H, K, V] fp32 reaching the piece's end (unused where ``grad_maps`` ran the
         reverse pass): (dq, dk, dv, da, db, dgk, d(entering state) [1, H, K, V])."""
         steps = cd.state_step_operands(self.pr) if cd.derives_states(self.ks) else ()
+        fac = self.pr.fac
         dh, dr, dh0, dv = self.done or self._reverse(dht)
         self.pr = self.xs = self.done = None
         if self.side is not None:  # the token pass reads the states pass's h and U
             torch.cuda.current_stream(self.dev).wait_stream(self.side)
         self.held = None  # only now: later uses of their memory on the current stream follow the side stream
         dq, dk, da, db, dg = cd.chunk_dplr_bwd_tokens(self.ks, self.var, self.saved, self.h, self.u, self.do, dh, dr,
-                                                      dk_over_dr=True, dq_over_u=True, steps=steps)
+                                                      dk_over_dr=True, dq_over_u=True, steps=steps, fac=fac)
         self.h = self.u = self.saved = None
         return dq, dk, dv, da, db, dg, dh0
 

@@ -675,6 +675,44 @@ def test_persistent_token_pass_declares_its_item_count(varlen, derive):
         assert not a.isnan().any() and torch.equal(a, b), n
 
 
+@pytest.mark.parametrize("varlen, keep_states", [(False, False), (True, False), (False, True)])
+def test_split_token_pass_takes_every_chunk_once(varlen, keep_states):
+    """An any-gate variant with the Gluon token pass splits that pass by chunk: the backward's prep flags each
+    chunk whose gates allow the factored form (1) or not (0), the persistent kernel takes the 1s and the Triton
+    form the 0s. Its gradients equal the one-kernel pass's exactly, on gates that give both kinds of chunk
+    (resets to -inf, a steep run, RWKV-7's slow gates), with every buffer poisoned; a chunk that neither kernel
+    took would stay NaN. The split pass refuses to run without the flags."""
+    K = 64
+    v = make_variant("fp32", K=K, V=K, chunk_size=16, varlen=varlen, gate_bound=None)
+    gluon = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=True, split_tf32x3=False)
+    ks, ks_s = load(v), load(v, flags=gluon)
+    assert chunk_driver.split_kernel(ks) is None and chunk_driver.split_kernel(ks_s) == "chunk_dplr_bwd_triton_kernel"
+    assert list(ks_s.m.SIGNATURES["chunk_dplr_prep_bwd_kernel"]).count("fac") == 1
+    cu = torch.tensor([0, 5, 40, 77], dtype=torch.int32).to(DEVICE) if varlen else None
+    T = 77 if varlen else 70
+    d = rwkv7_inputs(1, T, 2, K, K, dtype=torch.float32)
+    gk = d["gk"]
+    gk[:, 20] = float("-inf")  # a reset: that chunk takes the exact form
+    gk[:, 48:64, 0] = -5.0  # a steep run of one head: exponents past the factored form's limit
+    x = {n: t.to(DEVICE) for n, t in d.items()}
+    h0 = torch.randn(3 if varlen else 1, 2, K, K, device=DEVICE)
+    inputs = [x[n] for n in ("q", "k", "v", "a", "b", "gk")]
+    grads = []
+    with chunk_driver.forced(poison=True):
+        for kset in (ks, ks_s):
+            o, ht, saved = chunk_driver.chunk_dplr_fwd(kset, v, *inputs, 0.5, h0, cu, keep_states=keep_states)
+            torch.manual_seed(1)
+            do, dht = torch.randn_like(o), torch.randn_like(ht)
+            grads.append(chunk_driver.chunk_dplr_bwd(kset, v, saved, do, dht))
+        pr = chunk_driver.chunk_prep(ks_s, v, *[x[n] for n in ("q", "k", "a", "b", "gk")], cu, saved["n_slots"],
+                                     for_bwd=True, chunk_map=saved["chunk_map"])
+    assert set(pr.fac.flatten().tolist()) == {0, 1}, pr.fac  # both kernels have chunks to take
+    for n, a, b in zip(("q", "k", "v", "a", "b", "gk", "h0"), *grads):
+        assert not a.isnan().any() and torch.equal(a, b), n
+    with pytest.raises(ValueError, match=r"fac: this variant's token pass is split by chunk"):
+        chunk_driver.chunk_dplr_bwd_tokens(ks_s, v, saved, None, None, None, None, None)
+
+
 def test_persistent_launch_grid(monkeypatch):
     """A persistent kernel gets min(items, resident programs an SM * SMs) programs where its binary's residency
     is known, else one per item, and n_items as its last argument; any other kernel one program per item and no

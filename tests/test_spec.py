@@ -345,7 +345,7 @@ def test_gluon_token_pass_where_the_knob_and_the_triton_release_allow(tmp_path: 
     ("K: [64], dtype: [bf16, fp32], chunk_size: [16], gate_bound: [-0.6065]", r"dtype fp32 \(bf16 only\)"),
     ("dtype: [bf16], chunk_size: [16], gate_bound: [-0.6065]", r"K, V = 60, 100 \(64, 64 or 128, 128\)"),
     ("K: [64], dtype: [bf16], chunk_size: [64], gate_bound: [-0.6065]", r"chunk size 64"),
-    ("K: [64], dtype: [bf16], chunk_size: [16]", r"gate bound None \(bounded, at most 3.75"),
+    ("dtype: [bf16], chunk_size: [16], gate_bound: [null]", r"any gate at K, V = 60, 100 \(any gate: 64, 64"),
 ])
 def test_gluon_knob_outside_its_variants_is_refused(tmp_path: Path, when: str, what: str) -> None:
     """chunk.bwd.gluon on a variant the Gluon kernel does not cover: SpecError naming the variant, the knob and
@@ -354,6 +354,33 @@ def test_gluon_knob_outside_its_variants_is_refused(tmp_path: Path, when: str, w
     with pytest.raises(SpecError, match=r"variant chunk_.*tuning chunk.bwd.gluon: .*" + what):
         build_units(spec, Version("3.6.0"))
     build_units(spec, Version("3.2.0"))  # there the knob is a no-op: nothing to refuse
+
+
+def test_gluon_token_pass_any_gate_splits_by_chunk(tmp_path: Path) -> None:
+    """chunk.bwd.gluon on an any-gate K = 64 variant: the token pass split by chunk (the Gluon kernel for the
+    chunks the backward's prep flags, the Triton form declared beside it as a kernel of its own, with the flags'
+    arguments); bounded variants keep the one Gluon kernel. The rendered sources execute."""
+    from dplr_gen.render.render import render_unit
+    from dplr_gen.toolchain.compile import import_source
+    from dplr_gen.toolchain.triton_source import is_gluon
+
+    spec = load_spec(write(tmp_path, GOOD + GLUON_RULE % "op: [chunk], K: [64], dtype: [bf16], chunk_size: [16]"))
+    units, _ = build_units(spec, Version("3.6.0"))
+    seen = set()
+    for u in (u for u in units if u.flags["gluon_token_pass"]):
+        split = u.variant.gate_bound is None
+        src = render_unit(u)
+        path = tmp_path / f"{u.name}.py"
+        path.write_text(src)
+        ns = vars(import_source(path, f"split_case_{u.name}"))
+        assert is_gluon(ns["chunk_dplr_bwd_kernel"])
+        assert (ns["OPTIONS"].get("split_token_pass") == "chunk_dplr_bwd_triton_kernel") == split, u.name
+        assert ("chunk_dplr_bwd_triton_kernel" in ns["SIGNATURES"]) == split
+        for kernel in ("chunk_dplr_bwd_kernel", "chunk_dplr_prep_bwd_kernel"):
+            assert ("fac" in ns["SIGNATURES"][kernel]) == split, (u.name, kernel)
+        assert ("form" in ns["SIGNATURES"]["chunk_dplr_bwd_kernel"]) == split
+        seen.add(split)
+    assert seen == {True, False}
 
 
 K128 = """

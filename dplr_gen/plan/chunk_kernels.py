@@ -1,7 +1,7 @@
 """The run-time arguments of the chunk kernels, declared once: names, order, types and the variants that take them.
 
 The chunk template renders each kernel's parameter lines (``kernel_params``) and its SIGNATURES entry
-(``signatures_table``, ``segment_signatures``) from these rows (layout rules: plan/kernel_args.py); the driver
+(``signatures_table``, ``conditional_signatures``) from these rows (layout rules: plan/kernel_args.py); the driver
 launches by these names in this order (runtime/chunk_driver._launch reads them back from SIGNATURES).
 """
 
@@ -14,6 +14,9 @@ from .kernel_args import signatures_table as _table
 
 PROMISE = _row("kept:*i32 lower_bound:fp32", "clamp")  # the caller's lower_bound promise (runtime/gate_check.py)
 CU = _row("cu_seqlens:*i32", "varlen")
+# the per-chunk form flags of a split token pass (splits_token_pass): the backward's prep writes them, each token
+# pass kernel takes the chunks whose flag equals its ``form``
+FAC = _row("fac:*i32", "split")
 CU_MAP = _row("cu_seqlens:*i32 chunk_map:*i32", "varlen")
 TH = _row("T:i32 H:i32")
 # what a state pass over segments takes besides the whole pass's arguments: the segment maps and chunks a segment
@@ -31,13 +34,13 @@ KERNELS: dict[str, Rows] = {
     "chunk_dplr_prep_bwd_kernel": (
         _row("q:io k:io a:io b:io gk:gate"), _row("w:io m:io bwt:io kwt:io egc:*fp32"),
         _row("y:io p:io qwt:io awt:io"), _row("aqkt:io aakt:io store_pass_ops:i32"),
-        _row("aqk:io aqb:io qw:io store_fwd_ops:i32"), PROMISE, CU_MAP, TH),
+        _row("aqk:io aqb:io qw:io store_fwd_ops:i32"), FAC, PROMISE, CU_MAP, TH),
     "chunk_dplr_bwd_dh_kernel": (
         _row("qwt:io awt:io egc:*fp32 y:io p:io"), _row("kwt:io aqkt:io aakt:io"),
         _row("do:io dht:*fp32 dh:states dh0:*fp32 dr:io"), _row("dv:io"), CU, _row("scale:fp32 T:i32 H:i32")),
     "chunk_dplr_bwd_kernel": (
         _row("q:io k:io v:io a:io b:io"), _row("gk:gate h:states dh:states u:io dr:io"), _row("do:io"),
-        _row("dq:io dk:io da:io db:io"), _row("dg:gate"),
+        _row("dq:io dk:io da:io db:io"), _row("dg:gate"), _row("fac:*i32 form:i32", "split"),
         # the states the token pass derives: the backward prep's operands of the state steps
         _row("egc:*fp32 bwt:io kwt:io qwt:io awt:io", "derive", own_line=True),
         # n_items: the persistent Gluon kernel's count of work items (runtime/chunk_driver.persistent_launch)
@@ -66,27 +69,39 @@ SEGMENT_KERNELS: dict[str, tuple[str, Rows]] = {
                          _row("do:io xs:*fp32 seg_chunks:i32 seg_first:i32 scale:fp32 T:i32 H:i32"))),
     "chunk_dplr_bwd_dh_seg_kernel": ("segments_bwd", _with_segments("chunk_dplr_bwd_dh_kernel", "dv")),
 }
+# the split token pass's second kernel: the Triton form, for the chunks the Gluon kernel cannot take
+SPLIT_KERNELS: dict[str, tuple[str, Rows]] = {"chunk_dplr_bwd_triton_kernel": ("split", KERNELS["chunk_dplr_bwd_kernel"])}
+
+
+def splits_token_pass(plan: Any, flags: Any) -> bool:
+    """Whether a unit's token pass is split in two by chunk: the persistent Gluon kernel takes the chunks whose
+    gates allow the factored form (flagged per chunk by the backward's prep), the Triton form the rest. Where the
+    Gluon token pass is built for an any-gate variant (the Gluon kernel computes the factored form only)."""
+    return bool(flags.gluon_token_pass) and not plan.factored
+
+
+_CONDITIONAL = {**SEGMENT_KERNELS, **SPLIT_KERNELS}
 
 
 def conditions(plan: Any, flags: Any) -> dict[str, bool]:
     """Which conditional rows and kernels a unit takes (its ChunkPlan and flags)."""
     return {"clamp": plan.clamp, "varlen": bool(plan.cu_args), "derive": plan.derive_states,
             "gluon": bool(flags.gluon_token_pass), "segments": plan.segments > 0,
-            "segments_bwd": plan.segments_bwd > 0}
+            "segments_bwd": plan.segments_bwd > 0, "split": splits_token_pass(plan, flags)}
 
 
 def _rows(kernel: str) -> Rows:
     if kernel in KERNELS:
         return KERNELS[kernel]
-    if kernel in SEGMENT_KERNELS:
-        return SEGMENT_KERNELS[kernel][1]
-    raise KeyError(f"{kernel!r} is no declared chunk kernel; declared: {sorted([*KERNELS, *SEGMENT_KERNELS])}")
+    if kernel in _CONDITIONAL:
+        return _CONDITIONAL[kernel][1]
+    raise KeyError(f"{kernel!r} is no declared chunk kernel; declared: {sorted([*KERNELS, *_CONDITIONAL])}")
 
 
 def kernels(plan: Any, flags: Any) -> list[str]:
     """Every kernel a unit has, in its SIGNATURES order (the segmented ones after the small-grid copies)."""
     cond = conditions(plan, flags)
-    return [*KERNELS, *(k for k, (when, _) in SEGMENT_KERNELS.items() if cond[when])]
+    return [*KERNELS, *(k for k, (when, _) in _CONDITIONAL.items() if cond[when])]
 
 
 def arguments(kernel: str, plan: Any, flags: Any) -> dict[str, str]:
@@ -104,14 +119,14 @@ def signatures_table(plan: Any, flags: Any) -> str:
     return _table(KERNELS, conditions(plan, flags), plan)
 
 
-def segment_signatures(when: str, plan: Any, flags: Any) -> str:
-    """The SIGNATURES entries of the segmented kernels under condition ``when``, as statements adding them to the
-    table (no final newline)."""
-    if when not in {w for w, _ in SEGMENT_KERNELS.values()}:
-        raise ValueError(f"segment_signatures: condition {when!r}; valid: 'segments', 'segments_bwd'")
+def conditional_signatures(when: str, plan: Any, flags: Any) -> str:
+    """The SIGNATURES entries of the conditional kernels under condition ``when`` (the segmented ones, the split
+    token pass's second kernel), as statements adding them to the table (no final newline)."""
+    if when not in {w for w, _ in _CONDITIONAL.values()}:
+        raise ValueError(f"conditional_signatures: condition {when!r}; valid: 'segments', 'segments_bwd', 'split'")
     cond = conditions(plan, flags)
     out = []
-    for kernel, (w, rows) in SEGMENT_KERNELS.items():
+    for kernel, (w, rows) in _CONDITIONAL.items():
         if w == when:
             out += [f'SIGNATURES["{kernel}"] = {{', *signature_lines(rows, cond, plan, " " * 4), "}"]
     return "\n".join(out)

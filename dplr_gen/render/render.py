@@ -11,7 +11,7 @@ from typing import Any
 import jinja2
 
 from ..plan import fused_recurrent_plan as fused
-from ..plan.chunk_kernels import kernel_params, segment_signatures, signatures_table
+from ..plan.chunk_kernels import conditional_signatures, kernel_params, signatures_table, splits_token_pass
 from ..plan.chunk_plan import chunk_plan
 from ..plan.variants import FACTOR_LIMIT, BuildUnit
 
@@ -43,7 +43,8 @@ def environment() -> jinja2.Environment:
     env.globals["FACTOR_LIMIT"] = FACTOR_LIMIT
     env.globals["kernel_params"] = kernel_params  # the chunk kernels' run-time parameters (plan/chunk_kernels.py)
     env.globals["signatures_table"] = signatures_table
-    env.globals["segment_signatures"] = segment_signatures
+    env.globals["conditional_signatures"] = conditional_signatures
+    env.globals["splits_token_pass"] = splits_token_pass
     # the fused recurrent kernel's (plan/fused_recurrent_plan.py)
     env.globals["fused_kernel_params"] = fused.kernel_params
     env.globals["fused_signatures_table"] = fused.signatures_table

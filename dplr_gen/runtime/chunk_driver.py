@@ -105,8 +105,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:
-    if OPTIONS.poison:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    if OPTIONS.poison:  # (integers: -1, which no kernel reads as a valid flag or index)
+        return torch.full(shape, float("nan") if dtype.is_floating_point else -1, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
@@ -141,6 +141,12 @@ def _layout(C: int, q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[i
         return B, B * _cdiv(T, C)
     N = cu_seqlens.numel() - 1
     return N, T // C + N
+
+
+def split_kernel(ks) -> str | None:
+    """The second kernel of a token pass split by chunk (any-gate variants with the Gluon token pass): it takes
+    the chunks the backward's prep flags 0, the Gluon kernel those it flags 1; None where the pass is one kernel."""
+    return ks.option("split_token_pass", None)
 
 
 def token_chunk(ks) -> int:
@@ -320,6 +326,9 @@ class Prep(NamedTuple):
     x6: torch.Tensor | None
     # the backward's prep run by the forward (``fwd_ops``): the forward pass's view of it (x1 to x3 its own)
     fwd: "Prep | None" = None
+    # int32 [slots, H], the backward's prep of a variant whose token pass is split by chunk (split_kernel): 1
+    # where the chunk's gates allow the factored form (the Gluon kernel takes it), else 0
+    fac: torch.Tensor | None = None
 
 
 def state_step_operands(pr: Prep) -> tuple[torch.Tensor, ...]:
@@ -378,15 +387,17 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
     args = {"q": q, "k": k, "a": a, "b": b, "gk": gk, "w": w_, "m": m_, "bwt": bwt_, "kwt": kwt, "egc": egc,
             **_promise_args(v, promise, q.device), **_cu_map(cu_seqlens, chunk_map, C, n_slots), "T": T, "H": H}
+    fac = None
     if for_bwd:
         aqk, aqb, qw = fx or (stub,) * 3
+        fac = _empty((n_slots, H), torch.int32, dev) if split_kernel(ks) else None
         args.update(y=x1, p=x2, qwt=x3, awt=x4, aqkt=x5, aakt=x6, store_pass_ops=int(not skip_wm), aqk=aqk,
-                    aqb=aqb, qw=qw, store_fwd_ops=int(fwd_ops))
+                    aqb=aqb, qw=qw, store_fwd_ops=int(fwd_ops), fac=fac)
     else:
         args.update(aqk=x1, aqb=x2, qw=x3)
     _launch(ks, PREP_BWD if for_bwd else PREP, (n_slots * H,), args)
     fwd = Prep(w, m, bwt, kwt, egc, *fx, None, None, None) if fx else None
-    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, fwd)
+    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, fwd, fac)
 
 
 def _promise_args(v, promise: Promise | None, device: torch.device) -> dict[str, Any]:
@@ -550,7 +561,8 @@ def chunk_dplr_bwd_dh(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tenso
 
 def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: torch.Tensor, dh: torch.Tensor,
                           dr: torch.Tensor, dk_over_dr: bool = False, dq_over_u: bool = False,
-                          steps: tuple[torch.Tensor, ...] = ()) -> tuple[torch.Tensor, ...]:
+                          steps: tuple[torch.Tensor, ...] = (), fac: torch.Tensor | None = None,
+                          ) -> tuple[torch.Tensor, ...]:
     """The chunk-parallel pass: (dq, dk, da, db, dgk) from the states passes' ``h``, U, ``dh`` and dR; where
     the variant derives every second state (``derives_states``), also from ``steps``, the backward prep's
     operands of the state steps (``state_step_operands``).
@@ -560,7 +572,10 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
     Safe: each program reads the dR and U rows of its (chunk, head) in its V loop, before it writes dk and dq
     at the same elements (after the loop), and no other program touches them; not where the variant splits K
     over several programs per chunk (their V loops read every column of those rows) or derives states (its
-    programs read their neighbours' rows): no aliasing then."""
+    programs read their neighbours' rows): no aliasing then.
+    ``fac``: the backward prep's per-chunk flags (``Prep.fac``), where the pass is split by chunk
+    (``split_kernel``): the Gluon kernel takes the chunks flagged 1, then the split kernel the others (each
+    chunk's rows read and written by one program of one launch, so the aliasing above stays safe)."""
     q, k, v_, a, b, gk = (saved[n] for n in ("q", "k", "v", "a", "b", "gk"))
     scale, cu_seqlens, n_tslots = saved["scale"], saved["cu_seqlens"], saved["n_tslots"]
     _, T, H, K = q.shape
@@ -577,18 +592,25 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
     if len(steps) != (5 if derives_states(ks) else 0):
         raise ValueError(f"steps: {len(steps)} tensors given; this variant's token pass takes "
                          f"{'the 5 of state_step_operands(the backward prep)' if derives_states(ks) else 'none'}")
+    split = split_kernel(ks)
+    if split and (fac is None or tuple(fac.shape) != (n_tslots, H)):
+        raise ValueError(f"fac: this variant's token pass is split by chunk: it takes the backward prep's flags "
+                         f"(Prep.fac, int32 [{n_tslots}, {H}]); got {None if fac is None else tuple(fac.shape)}")
+    args = {**dict(zip(_TOKEN_INPUTS, (q, k, v_, a, b, gk))), "h": h, "dh": dh,
+            **dict(zip(_TOKEN_ROWS, (u, dr, do, dq, dk, da, db, dg))), **dict(zip(_STEP_OPERANDS, steps)),
+            **_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), "scale": scale, "T": T, "H": H,
+            "fac": fac}
+    n_items = n_tslots * H * nk
     seqs = per_sequence_launches(ks, saved, nk, dev)
     if seqs is not None:
         _token_pass_per_sequence(saved["twin"], seqs, (q, k, v_, a, b, gk), h, dh, (u, dr, do, dq, dk, da, db, dg),
-                                 scale, nk)
-        return dq, dk, da, db, dg
-    n_items = n_tslots * H * nk
-    grid, extra = persistent_launch(ks, BWD, n_items, dev)
-    _launch(ks, BWD, (grid,), {
-        **dict(zip(_TOKEN_INPUTS, (q, k, v_, a, b, gk))), "h": h, "dh": dh,
-        **dict(zip(_TOKEN_ROWS, (u, dr, do, dq, dk, da, db, dg))), **dict(zip(_STEP_OPERANDS, steps)),
-        **_cu_map(cu_seqlens, saved["tchunk_map"], saved["TC"], n_tslots), "scale": scale, "T": T, "H": H,
-        **dict(zip(("n_items",), extra))})
+                                 scale, nk, fac)
+    else:
+        grid, extra = persistent_launch(ks, BWD, n_items, dev)
+        _launch(ks, BWD, (grid,), {**args, "form": 1, **dict(zip(("n_items",), extra))})
+    if split:
+        # the chunks the Gluon kernel left: a program per work item, most of them returning at once
+        _launch(ks, split, (n_items,), {**args, "form": 0, "n_items": n_items})
     return dq, dk, da, db, dg
 
 
@@ -624,7 +646,8 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
         return None
     TC = saved["TC"]
     if (derives_states(ks) or derives_states(twin) or token_chunk(twin) != TC
-            or states_every(twin) != states_every(ks) or (device.type == "cuda" and _capturing())):
+            or states_every(twin) != states_every(ks) or bool(split_kernel(twin)) != bool(split_kernel(ks))
+            or (device.type == "cuda" and _capturing())):
         return None
     H = saved["q"].shape[2]
     seqs = [(bos, eos, bos // TC + n) for n, (bos, eos) in enumerate(zip(offs[:-1], offs[1:]))]
@@ -640,14 +663,15 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
 
 def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tuple[torch.Tensor, ...],
                              h: torch.Tensor, dh: torch.Tensor, rows: tuple[torch.Tensor, ...], scale: float,
-                             nk: int) -> None:
+                             nk: int, fac: torch.Tensor | None = None) -> None:
     """The token pass as a launch of the dense kernel ``twin`` per sequence (per_sequence_launches): its rows of
     ``inputs`` (q, k, v, a, b, gk) and ``rows`` (U, dR, dO, then the outputs dq, dk, da, db, dg), its kept
     states. On CUDA, consecutive sequences alternate between the current stream and a side one, so that a
     launch's programs start while the last ones of the launch before finish (H100, the bench's 16 sequences:
     1.26 ms with the varlen kernel, 1.19 one stream, 1.08-1.11 two; docs/design.md, varlen); the current stream
     waits for the side one before this returns, and every tensor here was allocated before the fork, so none
-    of their memory is handed out again before both streams are done with it."""
+    of their memory is handed out again before both streams are done with it. ``fac``: the per-chunk flags of a
+    split pass (the twin's Gluon kernel takes the chunks flagged 1; the caller launches the rest)."""
     dev = h.device
     H = inputs[0].shape[2]
     TC = token_chunk(twin)
@@ -660,7 +684,8 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
         tok = (slice(None), slice(bos, eos))
         args = {**{n: t[tok] for n, t in zip(_TOKEN_INPUTS, inputs)}, "h": h[first:first + nch],
                 "dh": dh[first:first + nch], **{n: t[tok] for n, t in zip(_TOKEN_ROWS, rows)}, "scale": scale,
-                "T": eos - bos, "H": H, **dict(zip(("n_items",), extra))}
+                "T": eos - bos, "H": H, "fac": None if fac is None else fac[first:first + nch], "form": 1,
+                **dict(zip(("n_items",), extra))}
         if side is not None and i % 2:
             with torch.cuda.stream(side):
                 _launch(twin, BWD, (grid,), args)
@@ -683,8 +708,10 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
     if pr is None or recomputed:
         pr = chunk_prep(ks, v, q, k, a, b, gk, saved["cu_seqlens"], saved["n_slots"], for_bwd=True,
                         chunk_map=saved["chunk_map"], pass_ops=recomputed)
-    # the token pass may read the state steps' operands: kept until it has run, the rest freed before it
+    # the token pass may read the state steps' operands (and its split's flags): kept until it has run, the rest
+    # freed before it
     steps = state_step_operands(pr) if derives_states(ks) else ()
+    fac = pr.fac
     if recomputed and _overlap(ks, q, saved["N"], saved["v"].shape[-1], saved.get("offsets")):
         h, u, dh, dr, dh0, dv = _states_beside_reverse_pass(ks, v, saved, pr, do, dht)
     else:
@@ -696,7 +723,7 @@ def chunk_dplr_bwd(ks, v, saved, do, dht):
         h, u = chunk_states(ks, v, saved, pr)[:2] if recomputed else saved["states"]
     del pr
     dq, dk, da, db, dg = chunk_dplr_bwd_tokens(ks, v, saved, h, u, do, dh, dr, dk_over_dr=True,
-                                               dq_over_u=recomputed, steps=steps)
+                                               dq_over_u=recomputed, steps=steps, fac=fac)
     return dq, dk, dv, da, db, dg, dh0
 
 
