@@ -681,7 +681,8 @@ def test_split_token_pass_takes_every_chunk_once(varlen, keep_states):
     chunk whose gates allow the factored form (1) or not (0), the persistent kernel takes the 1s and the Triton
     form the 0s. Its gradients equal the one-kernel pass's exactly, on gates that give both kinds of chunk
     (resets to -inf, a steep run, RWKV-7's slow gates), with every buffer poisoned; a chunk that neither kernel
-    took would stay NaN. The split pass refuses to run without the flags."""
+    took would stay NaN. Varlen: also as the dense twin's split pass launched per sequence. The split pass refuses
+    to run without the flags."""
     K = 64
     v = make_variant("fp32", K=K, V=K, chunk_size=16, varlen=varlen, gate_bound=None)
     gluon = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=True, split_tf32x3=False)
@@ -697,18 +698,23 @@ def test_split_token_pass_takes_every_chunk_once(varlen, keep_states):
     x = {n: t.to(DEVICE) for n, t in d.items()}
     h0 = torch.randn(3 if varlen else 1, 2, K, K, device=DEVICE)
     inputs = [x[n] for n in ("q", "k", "v", "a", "b", "gk")]
+    # varlen: also as the dense twin's split pass per sequence (the ops' choice for few long sequences)
+    twin = load(make_variant("fp32", K=K, V=K, chunk_size=16, gate_bound=None), flags=gluon) if varlen else None
     grads = []
-    with chunk_driver.forced(poison=True):
-        for kset in (ks, ks_s):
+    for kset, per_seq in ((ks, None), (ks_s, False), *([(ks_s, True)] if varlen else [])):
+        with chunk_driver.forced(poison=True, per_sequence=per_seq):
             o, ht, saved = chunk_driver.chunk_dplr_fwd(kset, v, *inputs, 0.5, h0, cu, keep_states=keep_states)
+            if per_seq:
+                saved.update(twin=twin, offsets=cu.tolist())
             torch.manual_seed(1)
             do, dht = torch.randn_like(o), torch.randn_like(ht)
             grads.append(chunk_driver.chunk_dplr_bwd(kset, v, saved, do, dht))
+    with chunk_driver.forced(poison=True):
         pr = chunk_driver.chunk_prep(ks_s, v, *[x[n] for n in ("q", "k", "a", "b", "gk")], cu, saved["n_slots"],
                                      for_bwd=True, chunk_map=saved["chunk_map"])
     assert set(pr.fac.flatten().tolist()) == {0, 1}, pr.fac  # both kernels have chunks to take
-    for n, a, b in zip(("q", "k", "v", "a", "b", "gk", "h0"), *grads):
-        assert not a.isnan().any() and torch.equal(a, b), n
+    for n, a, *others in zip(("q", "k", "v", "a", "b", "gk", "h0"), *grads):
+        assert all(not b.isnan().any() and torch.equal(a, b) for b in others), n
     with pytest.raises(ValueError, match=r"fac: this variant's token pass is split by chunk"):
         chunk_driver.chunk_dplr_bwd_tokens(ks_s, v, saved, None, None, None, None, None)
 
