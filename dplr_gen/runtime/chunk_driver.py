@@ -387,10 +387,9 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
     args = {"q": q, "k": k, "a": a, "b": b, "gk": gk, "w": w_, "m": m_, "bwt": bwt_, "kwt": kwt, "egc": egc,
             **_promise_args(v, promise, q.device), **_cu_map(cu_seqlens, chunk_map, C, n_slots), "T": T, "H": H}
-    fac = None
+    fac = _empty((n_slots, H), torch.int32, dev) if for_bwd and split_kernel(ks) else None
     if for_bwd:
         aqk, aqb, qw = fx or (stub,) * 3
-        fac = _empty((n_slots, H), torch.int32, dev) if split_kernel(ks) else None
         args.update(y=x1, p=x2, qwt=x3, awt=x4, aqkt=x5, aakt=x6, store_pass_ops=int(not skip_wm), aqk=aqk,
                     aqb=aqb, qw=qw, store_fwd_ops=int(fwd_ops), fac=fac)
     else:
