@@ -83,6 +83,9 @@ class ChunkPlan:
     # factored exponents (tensor-core A matrices) when the gate is bounded and |exponent| <= TC*|L|/2 stays within
     # FACTOR_LIMIT (variants.factored: one rule for the templates and the spec checks)
     factored: bool
+    # any gate: the exponents from the factored form's differences, exact sums only in the chunks that cannot
+    # take that form; the prep loads the gates first (knob chunk.prep.lazy_exact_gates)
+    lazy_exact_gates: bool
     # the token pass's K columns per program (knob chunk.bwd.block_k): given the four [C, C] dA matrices, which
     # contract over V only and which each such program forms in full, every other quantity of the pass is per
     # K column
@@ -196,6 +199,7 @@ def plan_chunk(v: Variant, arch: ArchProfile, tune: Mapping[str, Knobs]) -> Chun
         cu_args="cu_seqlens, " if v.varlen else "",
         cu_map_args="cu_seqlens, chunk_map, " if v.varlen else "",
         locate_args="cu_seqlens, chunk_map, " if v.varlen else "T, ",
+        lazy_exact_gates=bool(t_prep.lazy_exact_gates) and not is_factored,
         clamp=clamp,
         promise_args="kept, lower_bound, " if clamp else "",
         factored=is_factored,

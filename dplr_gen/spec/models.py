@@ -39,13 +39,15 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 # Knobs that only some stages take, and those stages: `chunk`, the token pass walks longer chunks than the
 # variant's; `overlap`, the reverse pass runs beside the states pass; `block_k`, the token pass splits its K
 # columns over several programs; `states_every`, h and dh are kept for every second token-pass chunk only;
-# `gluon`, the token pass is the Gluon kernel (dplr_gen/render/templates/chunk_dplr_bwd_gluon.py.jinja).
+# `gluon`, the token pass is the Gluon kernel (dplr_gen/render/templates/chunk_dplr_bwd_gluon.py.jinja);
+# `lazy_exact_gates`, any-gate exponents from the factored form's differences, the exact sums only where needed.
 STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "chunk": ("chunk.bwd",),
     "overlap": ("chunk.bwd_dh",),
     "block_k": ("chunk.bwd",),
     "states_every": ("chunk.bwd",),
     "gluon": ("chunk.bwd",),
+    "lazy_exact_gates": ("chunk.prep",),
     "launch_below_sms": ("chunk.fwd_small", "chunk.bwd_dh_small"),
     "segments": ("chunk.fwd_small", "chunk.bwd_dh_small"),
 }
@@ -116,6 +118,12 @@ class Knobs(_Strict):
     # bounded gates, 4 warps, and K = V = 64 (a state kept for each chunk) or K = V = 128 dense with states_every
     # 32 only (variants.check_gluon).
     gluon: bool | None = Field(None, description="chunk.bwd only: the token pass as the persistent Gluon kernel, where the Triton release and the variant allow")
+    # stage chunk.prep only, any-gate variants (no effect on bounded ones): every kernel of the unit takes a
+    # chunk's gate exponents gamma', gamma_C - gamma as the factored form's differences of the cumulative sum, and
+    # loads the gates again for exact sums (-inf and 0 among them) only in a chunk that cannot take the factored
+    # form; the prep loads the gates before q, k, a, b. Without it every chunk sums exactly (two more loads and
+    # cumsums a chunk).
+    lazy_exact_gates: bool | None = Field(None, description="chunk.prep only, any-gate variants: exact gate sums only in chunks that cannot take the factored form (the others take its differences); the prep loads the gates first")
     # stage chunk.bwd_dh only: the reverse pass runs at the same time as the backward's recompute of the states
     # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave
     # most of the device idle. Costs the forward prep's operands kept alive through the reverse pass.

@@ -80,13 +80,19 @@ def _gates_of(g, gk, p, tok, m_k, lenc, sT, SCAN_AS_DOT: tl.constexpr):
     """_gates from the chunk's gate tile g, already loaded (zero outside the chunk). SCAN_AS_DOT (finite gates
     only): the cumulative sum over tokens as a product with the lower-triangular ones, fp32 on the CUDA cores."""
     g = g.to(tl.float32)
-    # exact for -inf and 0: only sums of actual gates (never a difference of two cumulative sums)
-    g_prev = tl.load(gk + p - sT, mask=(tok >= 1) & (tok - 1 < lenc) & m_k, other=0.).to(tl.float32)
-    g_next = tl.load(gk + p + sT, mask=(tok + 1 < lenc) & m_k, other=0.).to(tl.float32)
+    # the factored form's differences where the chunk takes that form (_factorable: finite exponents within
+    # FACTOR_LIMIT); elsewhere, -inf and 0 among the gates, only sums of actual gates (a difference of two
+    # cumulative sums would meet -inf - -inf). The exact sums load the gates again, shifted by a token, only
+    # there: two more tiles through two more cumsums in every chunk cost the preps time (docs/design.md)
     gam = tl.cumsum(g, 0)
-    gamp = tl.cumsum(g_prev, 0)
-    gend = tl.cumsum(g_next, 0, reverse=True)
+    gamp = gam - g
     gC = tl.expand_dims(tl.sum(g, 0), 0)
+    gend = gC - gam
+    if not _factorable(gam, gamp, g.shape[0]):
+        g_prev = tl.load(gk + p - sT, mask=(tok >= 1) & (tok - 1 < lenc) & m_k, other=0.).to(tl.float32)
+        g_next = tl.load(gk + p + sT, mask=(tok + 1 < lenc) & m_k, other=0.).to(tl.float32)
+        gamp = tl.cumsum(g_prev, 0)
+        gend = tl.cumsum(g_next, 0, reverse=True)
     return g, gam, gamp, gend, gC
 
 
@@ -353,8 +359,10 @@ def _prep(
     m_k = o_k < K
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
-    b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
+    # the gates first: a chunk that cannot take the factored form loads them again for the exact sums, with
+    # fewer tiles live before q, k, a, b are loaded
     g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
+    b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
     base_ck = (slot * H + i_h) * BC * K
     base_cc = (slot * H + i_h) * BC * BC
     p_ck = base_ck + o_c[:, None] * K + o_k[None, :]
