@@ -3,13 +3,14 @@
     python scripts/kernel_profile.py [--cases varlen11,dense4x4096,...] [--package generated/hopper]
 
 Per case (bf16 RWKV-7 inputs, random initial state, output_final_state=True, gradients of every input and h0 via
-torch.autograd.grad), with lower_bound=-0.61 (the bounded variants) and without (any gate):
+torch.autograd.grad), with each --bounds value (default: lower_bound=-0.61, the bounded variants, and the call
+without it, any gate):
   enqueue_ms      host time per call: 20 calls back to back, timed before the device is waited for;
   wall_ms         the same 20 calls until the device is done, per call;
   kernels         GPU microseconds per call of each kernel (the mean of 5 profiled calls) and launches per call;
   kernel_us_total their sum.
 The varlen case passes cu_seqlens as int64 (fla's type hint), as the bench's call forms do. Writes
-$OUT/kernel_profile.json (./out/ without $OUT) and prints the largest kernels of each case. --dry-run: CPU,
+$OUT/kernel_profile_<package folder name>.json (./out/ without $OUT) and prints the largest kernels of each case. --dry-run: CPU,
 Triton's interpreter, tiny fp32 shapes, no profiler (the control flow only).
 """
 
@@ -33,21 +34,28 @@ CASES: dict[str, tuple[int, int, int, int, tuple[int, ...] | None]] = {
     "varlen11": (1, sum(C.LENGTHS11), 32, 64, C.LENGTHS11),
     "dense8x4096": (8, 4096, 32, 64, None),
     "dense4x4096": (4, 4096, 32, 64, None),
+    "dense8x4096x64": (8, 4096, 64, 64, None),
+    "dense8x2048x16x128": (8, 2048, 16, 128, None),
     "dense1x32768": (1, 32768, 32, 64, None),
     "host1x4096x2x128": (1, 4096, 2, 128, None),
 }
 DRY_CASES = {"varlen11": (1, 63, 1, 64, (1, 15, 17, 30)), "dense4x4096": (2, 40, 1, 64, None)}
-BOUNDS = (-0.61, None)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", help=f"comma list of {', '.join(CASES)} (default: all)")
     ap.add_argument("--package", default="generated/hopper")
+    ap.add_argument("--bounds", default="-0.61,none",
+                    help="comma list of the lower_bound values to profile; none: the call without it")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     table = DRY_CASES if args.dry_run else CASES
     args.case_names = args.cases.split(",") if args.cases else list(table)
+    try:
+        args.bound_values = [None if b.strip().lower() == "none" else float(b) for b in args.bounds.split(",")]
+    except ValueError:
+        ap.error(f"--bounds: {args.bounds!r}: a comma list of numbers and 'none'")
     unknown = [c for c in args.case_names if c not in table]
     if unknown:
         ap.error(f"--cases: unknown {unknown}; valid: {sorted(table)}")
@@ -118,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = Path(os.environ.get("OUT") or "out")
     out_dir.mkdir(parents=True, exist_ok=True)
+    out_file = out_dir / f"kernel_profile_{Path(args.package).name}.json"
     result: dict[str, Any] = {"script": "scripts/kernel_profile.py", "machine": C.machine_info(device),
                               "package": args.package, "cases": {}}
     for name in args.case_names:
-        for lb in BOUNDS:
+        for lb in args.bound_values:
             key = f"{name}, lower_bound={lb}"
             rec = profile_case(op, table[name], lb, device, args.dry_run)
             result["cases"][key] = {"shape": list(table[name][:4]), "lengths": table[name][4], **rec}
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
             for k, v in list(rec.get("kernels", {}).items())[:10]:
                 print(f"    {v['us']:9.1f} us x{v['count']:g}  {k[:90]}", flush=True)
-            (out_dir / "kernel_profile.json").write_text(json.dumps(C.jsonable(result), indent=1))
+            out_file.write_text(json.dumps(C.jsonable(result), indent=1))
     return 0
 
 

@@ -105,10 +105,10 @@ ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template'
 
 
 def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None, max_registers=None,
-          states_every=None, launch_below_sms=None, segments=None):
+          states_every=None, launch_below_sms=None, segments=None, lazy_exact_gates=None):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
                            chunk=chunk, overlap=overlap, max_registers=max_registers, states_every=states_every,
-                           launch_below_sms=launch_below_sms, segments=segments)
+                           launch_below_sms=launch_below_sms, segments=segments, lazy_exact_gates=lazy_exact_gates)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
@@ -825,6 +825,43 @@ def test_generic_gate_form_taken(monkeypatch, form, gates):
     # and the replacement does reach the kernels: the other gates produce NaN
     other = (lambda g: g.clamp_(max=-2.5)) if gates is None else None
     errs = run_case(v, T=64, H=1, gates=other)
+    assert any(not e <= TOL["fp32"] for e in errs.values()), errs
+
+
+# knob chunk.prep.lazy_exact_gates: the factored form's differences of the gate sums, the exact sums only in the
+# chunks that cannot factor (every kernel of the unit; the prep loads the gates first)
+LAZY = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(), "prep": knobs(lazy_exact_gates=True)}
+
+
+@pytest.mark.parametrize("dtype, varlen", [("fp32", False), ("fp16", False), ("fp32", True)])
+def test_lazy_exact_gates_mixed_and_extreme_chunks(dtype, varlen):
+    """With the knob, chunks of mild decays, steep decays, resets and no-decay channels in one sequence (both
+    forms, and the exact sums reached through the second load) match float64 as tightly as without it."""
+    v = make_variant(dtype, K=16, V=32, chunk_size=16, varlen=varlen, gate_bound=None)
+    src = render(v, LAZY)
+    assert "if not _factorable(gam, gamp, g.shape[0]):" in src and src != render(v)
+    if varlen:
+        check(run_case(v, lens=[1, 16, 17, 30, 36], H=2, extreme=True, tune=LAZY), TOL[dtype])
+    else:
+        check(run_case(v, T=100, H=2, gates=_mixed_gates, tune=LAZY), TOL[dtype])
+        check(run_case(v, T=50, H=1, extreme=True, tune=LAZY), TOL[dtype])
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="replaces a device function of the interpreted module")
+def test_lazy_exact_gates_sum_exactly_where_the_chunk_cannot_factor(monkeypatch):
+    """The exact sums are reached: with the factored form's functions replaced by NaN producers, resets and
+    steep decays in every chunk (none can factor) still give float64's results, and RWKV-7's mild gates (every
+    chunk factors) do not (so the replacement reaches the kernels and mild chunks take the differences)."""
+    v = make_variant("fp32", K=16, V=16, chunk_size=16, gate_bound=None)
+    m = load(v, LAZY).m
+    monkeypatch.setattr(m, "_chunk_A_factored", _nan_chunk_A)
+    monkeypatch.setattr(m, "_intra_bwd_factored", _nan_intra_bwd)
+
+    def resets(g):
+        g[:, ::16, :, :] = -math.inf  # the first token of every chunk: no chunk's exponents are finite
+
+    check(run_case(v, T=64, H=1, gates=resets, tune=LAZY), TOL["fp32"])
+    errs = run_case(v, T=64, H=1, tune=LAZY)
     assert any(not e <= TOL["fp32"] for e in errs.values()), errs
 
 

@@ -469,3 +469,30 @@ def test_segments_knob_dense_variants_only(tmp_path: Path) -> None:
     assert ns["OPTIONS"]["segments"] == 1 and "chunk_dplr_seg_maps_kernel" in ns["SIGNATURES"]
     with pytest.raises(SpecError, match=r"chunk.fwd_small.*segments.*greater than or equal to 1"):
         load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd_small: {segments: 0}\n"))
+
+
+def test_lazy_exact_gates_knob_reaches_the_any_gate_units_only(tmp_path: Path) -> None:
+    """chunk.prep.lazy_exact_gates: the any-gate units it matches render the lazy gate sums; a bounded unit under
+    the same rule renders as without the knob (its gates always factor); on another stage it is refused; and the
+    shipped Hopper spec has it on its bf16 any-gate variants only."""
+    from dplr_gen.plan.chunk_plan import chunk_plan
+    from dplr_gen.render.render import render_unit
+
+    rule = "variant_tuning:\n  - when: {op: [chunk]}\n    tuning:\n      chunk.prep: {lazy_exact_gates: true}\n"
+    on = build_units(load_spec(write(tmp_path, GOOD + rule)), Version("3.6.0"))[0]
+    off = {u.name: u for u in build_units(load_spec(write(tmp_path, GOOD)), Version("3.6.0"))[0]}
+    chunk = [u for u in on if u.variant.op == "chunk"]
+    assert {u.variant.gate_bound for u in chunk} == {None, -0.6065}
+    for u in chunk:
+        lazy = "if not _factorable(gam, gamp, g.shape[0]):" in render_unit(u)
+        if u.variant.gate_bound is None:
+            assert lazy and chunk_plan(u).lazy_exact_gates, u.name
+        else:
+            assert not lazy and render_unit(u) == render_unit(off[u.name]), u.name
+    with pytest.raises(SpecError, match=r"chunk.bwd.lazy_exact_gates: only chunk.prep take the lazy_exact_gates knob"):
+        load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.bwd: {lazy_exact_gates: true}\n"))
+    hopper = build_units(load_spec(SPECS / "hopper.yaml"), Version("3.6.0"))[0]
+    lazy = {u.name for u in hopper if u.variant.op == "chunk" and chunk_plan(u).lazy_exact_gates}
+    expected = {u.name for u in hopper if u.variant.op == "chunk" and u.variant.gate_bound is None
+                and u.variant.dtype == "bf16"}
+    assert lazy == expected and len(expected) == 8
