@@ -487,7 +487,8 @@ def test_accuracy_matrix_dry_run(tmp_path: Path) -> None:
 
 def test_kernel_profile_dry_run(tmp_path: Path) -> None:
     """scripts/kernel_profile.py end to end on CPU (interpreter, no profiler): both gate modes of the case asked
-    for, host times recorded, an unknown case refused with the valid ones named."""
+    for by default, the one --bounds names otherwise, host times recorded, the JSON named by the package; an
+    unknown case or a bad --bounds refused with what is valid."""
     import subprocess
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "OUT": str(tmp_path)}
@@ -495,9 +496,17 @@ def test_kernel_profile_dry_run(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, script, "--dry-run", "--cases", "dense4x4096"], capture_output=True,
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    d = json.loads((tmp_path / "kernel_profile.json").read_text())
+    d = json.loads((tmp_path / "kernel_profile_hopper.json").read_text())
     assert list(d["cases"]) == ["dense4x4096, lower_bound=-0.61", "dense4x4096, lower_bound=None"]
     assert all(r["wall_ms"] >= r["enqueue_ms"] > 0 for r in d["cases"].values())
+    one = subprocess.run([sys.executable, script, "--dry-run", "--cases", "dense4x4096", "--bounds", "none"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    d = json.loads((tmp_path / "kernel_profile_hopper.json").read_text())
+    assert list(d["cases"]) == ["dense4x4096, lower_bound=None"]
+    wrong = subprocess.run([sys.executable, script, "--dry-run", "--bounds", "low"], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert wrong.returncode == 2 and "--bounds: 'low'" in wrong.stderr
     bad = subprocess.run([sys.executable, script, "--dry-run", "--cases", "nope"], capture_output=True, text=True,
                          env=env, timeout=120)
     assert bad.returncode == 2 and "unknown ['nope']" in bad.stderr and "dense4x4096" in bad.stderr
