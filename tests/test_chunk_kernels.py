@@ -105,10 +105,11 @@ ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template'
 
 
 def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None, max_registers=None,
-          states_every=None, launch_below_sms=None, segments=None, lazy_exact_gates=None):
+          states_every=None, launch_below_sms=None, segments=None, lazy_exact_gates=None, divisible_t=None):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
                            chunk=chunk, overlap=overlap, max_registers=max_registers, states_every=states_every,
-                           launch_below_sms=launch_below_sms, segments=segments, lazy_exact_gates=lazy_exact_gates)
+                           launch_below_sms=launch_below_sms, segments=segments, lazy_exact_gates=lazy_exact_gates,
+                           divisible_t=divisible_t)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
@@ -366,6 +367,41 @@ def test_small_grid_kernels(monkeypatch, varlen):
     v = make_variant("fp32", K=32, V=48, varlen=varlen)
     kw = {"lens": [5, 40, 17]} if varlen else {"B": 2, "T": 40}
     check(run_case(v, H=2, tune=SMALL, **kw), TOL["fp32"])
+
+
+T16 = {**SMALL, "fwd_small": knobs(block_v=16, num_warps=4, num_stages=2, divisible_t=True),
+       "bwd_dh_small": knobs(block_v=16, num_warps=1, num_stages=1, divisible_t=True)}
+
+
+def test_divisible_t_copies_declared_and_launched_where_t_allows(monkeypatch):
+    """Knob divisible_t: the small-grid kernels declared once more under *_t16_kernel names (the same functions,
+    signatures, constexprs and launch options, DIVISIBLE naming T), dense variants only; the driver launches that
+    build of a kernel exactly where T is a multiple of 16, with the same results."""
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(small_grid=True))
+    mod = load(make_variant("fp32", K=32, V=48), T16).m
+    small = ("chunk_dplr_fwd_small_kernel", "chunk_dplr_fwd_h_small_kernel", "chunk_dplr_bwd_dh_small_kernel")
+    twins = {n: n.replace("_kernel", "_t16_kernel") for n in small}
+    assert mod.OPTIONS["divisible_t"] == twins and mod.DIVISIBLE == {t: ("T",) for t in twins.values()}
+    for name, twin in twins.items():
+        assert getattr(mod, twin) is getattr(mod, name)
+        assert (mod.SIGNATURES[twin], mod.CONSTEXPRS[twin], mod.LAUNCH[twin]) == (
+            mod.SIGNATURES[name], mod.CONSTEXPRS[name], mod.LAUNCH[name])
+    assert "divisible_t" not in load(make_variant("fp32", K=32, V=48, varlen=True), T16).m.OPTIONS
+    assert "DIVISIBLE" not in vars(load(make_variant("fp32", K=32, V=48), SMALL).m)
+
+    launched = []
+    real = DevKernelSet.__getattr__
+
+    def spy(self, name):
+        launched.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(DevKernelSet, "__getattr__", spy)
+    v = make_variant("fp32", K=32, V=48)
+    for T, expect in ((32, set(twins.values())), (40, set(small))):
+        launched.clear()
+        check(run_case(v, B=2, T=T, H=2, tune=T16, keep_states=False), TOL["fp32"])
+        assert {n for n in launched if "_small" in n} == expect, (T, launched)
 
 
 def test_small_grid_choice(monkeypatch):

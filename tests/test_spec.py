@@ -496,3 +496,28 @@ def test_lazy_exact_gates_knob_reaches_the_any_gate_units_only(tmp_path: Path) -
     expected = {u.name for u in hopper if u.variant.op == "chunk" and u.variant.gate_bound is None
                 and u.variant.dtype == "bf16"}
     assert lazy == expected and len(expected) == 8
+
+
+def test_divisible_t_knob_builds_the_dense_small_grid_copies_again(tmp_path: Path) -> None:
+    """Knob divisible_t on the small-grid stages: a dense unit declares the stage's kernels once more for T
+    divisible by 16 (the forward's two with chunk.fwd_small, the reverse pass with chunk.bwd_dh_small); a varlen
+    unit under the same rule does not; on another stage the knob is refused; the shipped Hopper spec builds them
+    for its dense bf16 K = 64 variants only."""
+    from dplr_gen.plan.chunk_plan import chunk_plan
+
+    rule = ("variant_tuning:\n  - when: {op: [chunk]}\n    tuning:\n      chunk.fwd_small: {divisible_t: true}\n"
+            "      chunk.bwd_dh_small: {num_warps: 1}\n")
+    both = GOOD.replace("varlen: [false]", "varlen: [false, true]")
+    units = [u for u in build_units(load_spec(write(tmp_path, both + rule)), Version("3.6.0"))[0]
+             if u.variant.op == "chunk"]
+    assert {u.variant.varlen for u in units} == {False, True}
+    for u in units:
+        expect = () if u.variant.varlen else ("chunk_dplr_fwd_small_kernel", "chunk_dplr_fwd_h_small_kernel")
+        assert chunk_plan(u).divisible_t == expect, u.name
+    with pytest.raises(SpecError, match=r"chunk.fwd.divisible_t: only chunk.fwd_small, chunk.bwd_dh_small take"):
+        load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd: {divisible_t: true}\n"))
+    hopper = [u for u in build_units(load_spec(SPECS / "hopper.yaml"), Version("3.6.0"))[0] if u.variant.op == "chunk"]
+    with_copies = {u.name for u in hopper if chunk_plan(u).divisible_t}
+    assert with_copies == {u.name for u in hopper if u.variant.K == 64 and u.variant.dtype == "bf16"
+                           and not u.variant.varlen} and len(with_copies) == 4
+    assert all(len(chunk_plan(u).divisible_t) == 3 for u in hopper if u.name in with_copies)

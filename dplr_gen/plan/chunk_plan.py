@@ -86,6 +86,9 @@ class ChunkPlan:
     # any gate: the exponents from the factored form's differences, exact sums only in the chunks that cannot
     # take that form; the prep loads the gates first (knob chunk.prep.lazy_exact_gates)
     lazy_exact_gates: bool
+    # the small-grid kernels built again for T divisible by 16 (knob divisible_t of chunk.fwd_small and
+    # chunk.bwd_dh_small; dense variants): their names, launched instead where T is (runtime: OPTIONS "divisible_t")
+    divisible_t: tuple[str, ...]
     # the token pass's K columns per program (knob chunk.bwd.block_k): given the four [C, C] dA matrices, which
     # contract over V only and which each such program forms in full, every other quantity of the pass is per
     # K column
@@ -200,6 +203,10 @@ def plan_chunk(v: Variant, arch: ArchProfile, tune: Mapping[str, Knobs]) -> Chun
         cu_map_args="cu_seqlens, chunk_map, " if v.varlen else "",
         locate_args="cu_seqlens, chunk_map, " if v.varlen else "T, ",
         lazy_exact_gates=bool(t_prep.lazy_exact_gates) and not is_factored,
+        divisible_t=tuple(
+            name for knobs, names in ((t_fwd_small, ("chunk_dplr_fwd_small_kernel", "chunk_dplr_fwd_h_small_kernel")),
+                                      (t_dh_small, ("chunk_dplr_bwd_dh_small_kernel",)))
+            if knobs is not None and knobs.divisible_t and not v.varlen for name in names),
         clamp=clamp,
         promise_args="kept, lower_bound, " if clamp else "",
         factored=is_factored,

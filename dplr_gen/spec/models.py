@@ -40,7 +40,8 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 # variant's; `overlap`, the reverse pass runs beside the states pass; `block_k`, the token pass splits its K
 # columns over several programs; `states_every`, h and dh are kept for every second token-pass chunk only;
 # `gluon`, the token pass is the Gluon kernel (dplr_gen/render/templates/chunk_dplr_bwd_gluon.py.jinja);
-# `lazy_exact_gates`, any-gate exponents from the factored form's differences, the exact sums only where needed.
+# `lazy_exact_gates`, any-gate exponents from the factored form's differences, the exact sums only where needed;
+# `divisible_t`, the small-grid copies built once more for T divisible by 16.
 STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "chunk": ("chunk.bwd",),
     "overlap": ("chunk.bwd_dh",),
@@ -50,6 +51,7 @@ STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "lazy_exact_gates": ("chunk.prep",),
     "launch_below_sms": ("chunk.fwd_small", "chunk.bwd_dh_small"),
     "segments": ("chunk.fwd_small", "chunk.bwd_dh_small"),
+    "divisible_t": ("chunk.fwd_small", "chunk.bwd_dh_small"),
 }
 
 # Variant parameters (the keys of variants.Variant.params()) that `when` conditions may name: the spec's
@@ -140,6 +142,11 @@ class Knobs(_Strict):
     # the programs: a gain only where the one walk leaves most SMs idle (docs/chunk_algorithm.md). 1: the kernels
     # are built (context parallelism's exchange needs the maps, dplr_gen/cp.py) but the op walks whole sequences.
     segments: int | None = Field(None, ge=1, le=64, description="small-grid stages only, dense variants: split each sequence into up to this many segments walked side by side (1: build the segment kernels for context parallelism, walk whole sequences)")
+    # stages chunk.fwd_small and chunk.bwd_dh_small only, dense variants (no effect on varlen ones): the stage's
+    # kernels are built a second time with T promised divisible by 16 (what Triton's JIT assumes of such a T:
+    # the addresses of a sequence's rows are then known aligned), and the driver launches that build wherever T
+    # is a multiple of 16.
+    divisible_t: bool | None = Field(None, description="small-grid stages only, dense variants: also build the stage's kernels for T divisible by 16, launched wherever T is")
 
     @field_validator("block_k", "block_v")
     @classmethod

@@ -122,6 +122,7 @@ def run_job(job: CompileJob) -> CompileOutcome:
                     res = triton_compile.compile_kernel(
                         getattr(module, name), module.SIGNATURES[name], module.CONSTEXPRS[name], job.cc,
                         options.pop("num_warps"), options.pop("num_stages"), options,
+                        divisible_args=getattr(module, "DIVISIBLE", {}).get(name, ()),
                     )
                 except Exception as e:
                     e.dplr_gen_kernel = name  # type: ignore[attr-defined]

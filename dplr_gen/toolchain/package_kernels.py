@@ -90,8 +90,10 @@ def _cached_kernels(records: list[tuple[str, str]], root: Path, parts: Callable[
         if meta is None:
             return None, f"its cache entry for {name} is missing under {root}"
         fn, signature, constexprs = parts(name, meta)
+        # the integers the kernel was compiled to assume divisible by 16 (a source's DIVISIBLE table)
+        divisible = meta["triton_metadata"].get("divisible_args", ())
         out[name] = launch.load_kernel(fn, signature, constexprs, cache.entry_dir(key, installed, root),
-                                       meta["triton_metadata"].get("hash", key))
+                                       meta["triton_metadata"].get("hash", key), divisible_args=divisible)
     return out, ""
 
 

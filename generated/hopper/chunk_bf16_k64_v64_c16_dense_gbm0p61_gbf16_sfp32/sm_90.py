@@ -1252,3 +1252,17 @@ SIGNATURES["chunk_dplr_bwd_dh_seg_kernel"] = {
 for _name in ("chunk_dplr_seg_maps_bwd_kernel", "chunk_dplr_bwd_dh_seg_kernel"):
     CONSTEXPRS[_name] = CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"]
     LAUNCH[_name] = LAUNCH["chunk_dplr_bwd_dh_small_kernel"]
+# the small-grid state passes built once more with T promised divisible by 16 (knob divisible_t: what Triton's JIT
+# assumes of such a T), under names of their own; the driver launches these wherever T is a multiple of 16
+chunk_dplr_fwd_small_t16_kernel = chunk_dplr_fwd_small_kernel
+chunk_dplr_fwd_h_small_t16_kernel = chunk_dplr_fwd_h_small_kernel
+chunk_dplr_bwd_dh_small_t16_kernel = chunk_dplr_bwd_dh_small_kernel
+DIVISIBLE = {
+    "chunk_dplr_fwd_small_t16_kernel": ("T",),
+    "chunk_dplr_fwd_h_small_t16_kernel": ("T",),
+    "chunk_dplr_bwd_dh_small_t16_kernel": ("T",),
+}
+for _t16 in DIVISIBLE:
+    _name = _t16.replace("_t16_kernel", "_kernel")
+    SIGNATURES[_t16], CONSTEXPRS[_t16], LAUNCH[_t16] = SIGNATURES[_name], CONSTEXPRS[_name], LAUNCH[_name]
+OPTIONS["divisible_t"] = {_t16.replace("_t16_kernel", "_kernel"): _t16 for _t16 in DIVISIBLE}
