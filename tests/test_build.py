@@ -325,3 +325,58 @@ def test_persistent_gluon_token_passes_keep_two_programs_an_sm(unit: str) -> Non
     warps, shared = (int(x) for x in r.stdout.split()[-2:])
     smem_sm = 233472  # sm_90: 228 KB a multiprocessor (each block also reserves 1 KB)
     assert warps == 4 and blocks_per_sm(255, shared + 1024, warps, smem_sm=smem_sm) == 2, shared
+
+
+DIVISIBLE_T = """
+name: divt
+targets: [sm_90]
+variants:
+  - ops: [chunk]
+    dtypes: [fp16]
+    head_dims: [32]
+    chunk_sizes: [16]
+    varlen: [false]
+    gate_bounds: [-0.61]
+tuning:
+  chunk.fwd_small: {num_warps: 1, block_v: 16, divisible_t: true}
+  chunk.bwd_dh_small: {num_warps: 1, block_v: 16, divisible_t: true}
+"""
+
+
+def test_divisible_t_copies_compiled_and_loaded_with_t_divisible(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Knob divisible_t: the build compiles each *_t16_kernel with T promised divisible by 16 (its TTGIR says so,
+    its original's does not) from the same function; loaded from the launch records or through the source, the
+    copy's Triton source carries that promise, which the original's lacks."""
+    from dplr_gen.runtime import loader
+    from dplr_gen.toolchain import launch_stubs, package_kernels
+
+    monkeypatch.setenv("DPLR_GEN_CACHE_DIR", str(tmp_path / "cache"))
+    spec = tmp_path / "divt.yaml"
+    spec.write_text(DIVISIBLE_T)
+    out = tmp_path / "gen"
+    assert not b.build(spec, jobs=2, out_root=out, stubs=False).failures
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launch_stubs, "warm_launchers", lambda ks, keep_in=None: None)
+    pkg = loader.SpecPackage(out / "divt")
+    manifest = pkg.manifest()
+    (variant,) = pkg.variant_names
+    entry = pkg.index["variants"][variant]["targets"]["sm_90"]
+    module = import_source(out / "divt" / entry["source"], f"divt_{entry['unit']}")
+    twins = module.OPTIONS["divisible_t"]
+    assert set(twins) == {"chunk_dplr_fwd_small_kernel", "chunk_dplr_fwd_h_small_kernel",
+                          "chunk_dplr_bwd_dh_small_kernel"}
+    recorded = pkg._load(variant, "sm_90")
+    from_source, why = package_kernels.aot_kernels(module, entry["unit"], manifest)
+    assert from_source is not None, why
+    keys = {k["kernel"]: k["key"] for k in manifest["units"][entry["unit"]]["kernels"]}
+    for name, twin in twins.items():
+        t_index = list(module.SIGNATURES[name]).index("T")
+        for kernels in (recorded.aot, from_source):
+            attrs, twin_attrs = str(kernels[name].compiled.src.attrs), str(kernels[twin].compiled.src.attrs)
+            assert attrs != twin_attrs and f"({t_index},)" in twin_attrs and f"({t_index},)" not in attrs
+            assert kernels[twin].compiled.src.name == kernels[name].compiled.src.name == name
+        gir = {n: next((tmp_path / "cache").glob(f"triton-*/{keys[n][:2]}/{keys[n]}/*.ttgir")).read_text()
+               for n in (name, twin)}
+        assert "%T: i32 {tt.divisibility = 16 : i32}" in gir[twin]
+        assert "%T: i32 {tt.divisibility" not in gir[name]
