@@ -179,7 +179,8 @@ def test_driver_options_are_forced_for_a_block_only() -> None:
 
 def test_launch_takes_the_declared_arguments_by_name() -> None:
     """chunk_driver._launch passes a kernel the arguments its SIGNATURES entry names, in that order, whatever else
-    it is given; a missing one is refused naming the kernel and the argument."""
+    it is given; a missing one is refused naming the kernel and the argument; where the kernel set declares a
+    build of the kernel for T divisible by 16 (OPTIONS "divisible_t"), that build is launched for such a T."""
     from dplr_gen.runtime import chunk_driver
 
     got = []
@@ -187,6 +188,9 @@ def test_launch_takes_the_declared_arguments_by_name() -> None:
     class KS:
         def arguments(self, name):
             return {"chunk_x_kernel": {"q": "*bf16", "T": "i32", "H": "i32"}}[name].keys()
+
+        def option(self, name, default=None):
+            return {"divisible_t": {"chunk_x_kernel": "chunk_x_t16_kernel"}}.get(name, default)
 
         def __getattr__(self, name):
             class _Grid:
@@ -196,5 +200,7 @@ def test_launch_takes_the_declared_arguments_by_name() -> None:
 
     chunk_driver._launch(KS(), "chunk_x_kernel", (3,), {"H": 2, "extra": 9, "T": 5, "q": "Q"})
     assert got == [("chunk_x_kernel", (3,), ("Q", 5, 2))]
+    chunk_driver._launch(KS(), "chunk_x_kernel", (3,), {"H": 2, "T": 48, "q": "Q"})
+    assert got[-1] == ("chunk_x_t16_kernel", (3,), ("Q", 48, 2))
     with pytest.raises(TypeError, match="chunk_x_kernel: no value given for its argument 'T'"):
         chunk_driver._launch(KS(), "chunk_x_kernel", (3,), {"q": "Q", "H": 2})
