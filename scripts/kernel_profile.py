@@ -9,7 +9,10 @@ without it, any gate):
   wall_ms         the same 20 calls until the device is done, per call;
   kernels         GPU microseconds per call of each kernel (the mean of 5 profiled calls) and launches per call;
   kernel_us_total their sum.
-The varlen case passes cu_seqlens as int64 (fla's type hint), as the bench's call forms do. Writes
+--gates: the gate data, rwkv7 (default; every chunk allows the factored form), mixed (benchmarks.common.mixed_gates:
+one steep chunk in 16, resets and a steep run) or steep (every gate -5: every chunk takes the exact form); the
+last two only without lower_bound (they break it). The varlen case passes cu_seqlens as int64 (fla's type hint),
+as the bench's call forms do. Writes
 $OUT/kernel_profile_<package folder name>.json (./out/ without $OUT) and prints the largest kernels of each case. --dry-run: CPU,
 Triton's interpreter, tiny fp32 shapes, no profiler (the control flow only).
 """
@@ -48,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--package", default="generated/hopper")
     ap.add_argument("--bounds", default="-0.61,none",
                     help="comma list of the lower_bound values to profile; none: the call without it")
+    ap.add_argument("--gates", default="rwkv7", choices=["rwkv7", "mixed", "steep"])
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     table = DRY_CASES if args.dry_run else CASES
@@ -56,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.bound_values = [None if b.strip().lower() == "none" else float(b) for b in args.bounds.split(",")]
     except ValueError:
         ap.error(f"--bounds: {args.bounds!r}: a comma list of numbers and 'none'")
+    if args.gates != "rwkv7" and any(b is not None for b in args.bound_values):
+        ap.error(f"--gates {args.gates}: gates that break any lower_bound; profile them with --bounds none")
     unknown = [c for c in args.case_names if c not in table]
     if unknown:
         ap.error(f"--cases: unknown {unknown}; valid: {sorted(table)}")
@@ -63,12 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def profile_case(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
-                 device: str, dry: bool) -> dict[str, Any]:
+                 device: str, dry: bool, gates: str = "rwkv7") -> dict[str, Any]:
     import torch
 
     B, T, H, D, lens = shape
     dtype = torch.float32 if dry else torch.bfloat16
     x = C.rwkv7_case(B, T, H, D, dtype=dtype, device=device, seed=0, n_states=len(lens) if lens else None)
+    if gates == "mixed":
+        C.mixed_gates(x["w"])
+    elif gates == "steep":
+        x["w"].fill_(-5.0)
     cu = None if lens is None else torch.tensor(C.cu_seqlens_of(lens), dtype=torch.int64, device=device)
     xl = C.leaves(x)
     do, dht = C.grad_outputs(x, 1)
@@ -126,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = Path(os.environ.get("OUT") or "out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    out_file = out_dir / f"kernel_profile_{Path(args.package).name}.json"
+    gates = "" if args.gates == "rwkv7" else f"_{args.gates}_gates"
+    out_file = out_dir / f"kernel_profile_{Path(args.package).name}{gates}.json"
     result: dict[str, Any] = {"script": "scripts/kernel_profile.py", "machine": C.machine_info(device),
-                              "package": args.package, "cases": {}}
+                              "package": args.package, "gates": args.gates, "cases": {}}
     for name in args.case_names:
         for lb in args.bound_values:
             key = f"{name}, lower_bound={lb}"
-            rec = profile_case(op, table[name], lb, device, args.dry_run)
+            rec = profile_case(op, table[name], lb, device, args.dry_run, args.gates)
             result["cases"][key] = {"shape": list(table[name][:4]), "lengths": table[name][4], **rec}
             line = f"{key}: enqueue {rec['enqueue_ms']:.3f} ms, wall {rec['wall_ms']:.3f} ms"
             if "kernel_us_total" in rec:

@@ -487,8 +487,9 @@ def test_accuracy_matrix_dry_run(tmp_path: Path) -> None:
 
 def test_kernel_profile_dry_run(tmp_path: Path) -> None:
     """scripts/kernel_profile.py end to end on CPU (interpreter, no profiler): both gate modes of the case asked
-    for by default, the one --bounds names otherwise, host times recorded, the JSON named by the package; an
-    unknown case or a bad --bounds refused with what is valid."""
+    for by default, the one --bounds names otherwise, host times recorded, the JSON named by the package (and the
+    gate data where not RWKV-7's); an unknown case, a bad --bounds, or steep gates with a lower_bound refused
+    with what is valid."""
     import subprocess
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "OUT": str(tmp_path)}
@@ -504,6 +505,14 @@ def test_kernel_profile_dry_run(tmp_path: Path) -> None:
     assert one.returncode == 0, one.stderr[-2000:]
     d = json.loads((tmp_path / "kernel_profile_hopper.json").read_text())
     assert list(d["cases"]) == ["dense4x4096, lower_bound=None"]
+    steep = subprocess.run([sys.executable, script, "--dry-run", "--cases", "dense4x4096", "--bounds", "none",
+                            "--gates", "steep"], capture_output=True, text=True, env=env, timeout=600)
+    assert steep.returncode == 0, steep.stderr[-2000:]
+    d = json.loads((tmp_path / "kernel_profile_hopper_steep_gates.json").read_text())
+    assert d["gates"] == "steep" and list(d["cases"]) == ["dense4x4096, lower_bound=None"]
+    promise = subprocess.run([sys.executable, script, "--dry-run", "--gates", "mixed"], capture_output=True,
+                             text=True, env=env, timeout=120)
+    assert promise.returncode == 2 and "--gates mixed" in promise.stderr and "--bounds none" in promise.stderr
     wrong = subprocess.run([sys.executable, script, "--dry-run", "--bounds", "low"], capture_output=True, text=True,
                            env=env, timeout=120)
     assert wrong.returncode == 2 and "--bounds: 'low'" in wrong.stderr

@@ -711,19 +711,34 @@ def test_persistent_token_pass_declares_its_item_count(varlen, derive):
         assert not a.isnan().any() and torch.equal(a, b), n
 
 
-@pytest.mark.parametrize("varlen, keep_states", [(False, False), (True, False), (False, True)])
-def test_split_token_pass_takes_every_chunk_once(varlen, keep_states):
+@pytest.mark.parametrize("varlen, keep_states, strided, derive",
+                         [(False, False, False, False), (True, False, False, False), (False, True, False, False),
+                          (False, False, True, False), (True, False, True, False), (False, False, False, True),
+                          (False, False, True, True)])
+def test_split_token_pass_takes_every_chunk_once(varlen, keep_states, strided, derive, monkeypatch):
     """An any-gate variant with the Gluon token pass splits that pass by chunk: the backward's prep flags each
     chunk whose gates allow the factored form (1) or not (0), the persistent kernel takes the 1s and the Triton
     form the 0s. Its gradients equal the one-kernel pass's exactly, on gates that give both kinds of chunk
     (resets to -inf, a steep run, RWKV-7's slow gates), with every buffer poisoned; a chunk that neither kernel
-    took would stay NaN. Varlen: also as the dense twin's split pass launched per sequence. The split pass refuses
-    to run without the flags."""
-    K = 64
+    took would stay NaN. Varlen: also as the dense twin's split pass launched per sequence. Strided: the Triton
+    form's persistent programs fewer than its blocks of flags (2 programs, blocks of 2 flags), as on a device;
+    otherwise one block, mostly past the end. Derive: the deriving form of K = 128 (here at K = 32 in K blocks of
+    16, states every 32 tokens: two work items a chunk). The split pass refuses to run without the flags."""
+    K = 32 if derive else 64
     v = make_variant("fp32", K=K, V=K, chunk_size=16, varlen=varlen, gate_bound=None)
+    tune = {"fwd": knobs(), "bwd_dh": knobs(), "bwd": knobs(block_k=16, block_v=16, states_every=32)} if derive \
+        else None
     gluon = SimpleNamespace(no_mma_chaining=True, separate_accumulators=False, gluon_token_pass=True, split_tf32x3=False)
-    ks, ks_s = load(v), load(v, flags=gluon)
-    assert chunk_driver.split_kernel(ks) is None and chunk_driver.split_kernel(ks_s) == "chunk_dplr_bwd_triton_kernel"
+    ks, ks_s = load(v, tune), load(v, tune, flags=gluon)
+    assert chunk_driver.derives_states(ks_s) == derive
+    split = chunk_driver.split_kernel(ks_s)
+    assert chunk_driver.split_kernel(ks) is None and split == "chunk_dplr_bwd_triton_kernel"
+    assert split in ks_s.option("persistent")
+    if strided:
+        launch = chunk_driver.persistent_launch
+        monkeypatch.setattr(ks_s.m, "FLAG_BLOCK", tl.constexpr(2))
+        monkeypatch.setattr(chunk_driver, "persistent_launch", lambda ks, name, n, dev: (
+            (2, [n]) if name == split else launch(ks, name, n, dev)))
     assert list(ks_s.m.SIGNATURES["chunk_dplr_prep_bwd_kernel"]).count("fac") == 1
     cu = torch.tensor([0, 5, 40, 77], dtype=torch.int32).to(DEVICE) if varlen else None
     T = 77 if varlen else 70
@@ -752,7 +767,8 @@ def test_split_token_pass_takes_every_chunk_once(varlen, keep_states):
     for n, a, *others in zip(("q", "k", "v", "a", "b", "gk", "h0"), *grads):
         assert all(not b.isnan().any() and torch.equal(a, b) for b in others), n
     with pytest.raises(ValueError, match=r"fac: this variant's token pass is split by chunk"):
-        chunk_driver.chunk_dplr_bwd_tokens(ks_s, v, saved, None, None, None, None, None)
+        chunk_driver.chunk_dplr_bwd_tokens(ks_s, v, saved, None, None, None, None, None,
+                                           steps=chunk_driver.state_step_operands(pr) if derive else ())
 
 
 def test_persistent_launch_grid(monkeypatch):

@@ -345,7 +345,7 @@ def test_gluon_token_pass_where_the_knob_and_the_triton_release_allow(tmp_path: 
     ("K: [64], dtype: [bf16, fp32], chunk_size: [16], gate_bound: [-0.6065]", r"dtype fp32 \(bf16 only\)"),
     ("dtype: [bf16], chunk_size: [16], gate_bound: [-0.6065]", r"K, V = 60, 100 \(64, 64 or 128, 128\)"),
     ("K: [64], dtype: [bf16], chunk_size: [64], gate_bound: [-0.6065]", r"chunk size 64"),
-    ("dtype: [bf16], chunk_size: [16], gate_bound: [null]", r"any gate at K, V = 60, 100 \(any gate: 64, 64"),
+    ("dtype: [bf16], chunk_size: [16], gate_bound: [null]", r"K, V = 60, 100 \(64, 64 or 128, 128\)"),
 ])
 def test_gluon_knob_outside_its_variants_is_refused(tmp_path: Path, when: str, what: str) -> None:
     """chunk.bwd.gluon on a variant the Gluon kernel does not cover: SpecError naming the variant, the knob and
@@ -403,14 +403,18 @@ variant_tuning:
 """
 
 
-def test_gluon_token_pass_k128_dense_deriving(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bound", ["-0.61", "null"])
+def test_gluon_token_pass_k128_dense_deriving(tmp_path: Path, bound: str) -> None:
     """The K = 128 Gluon form: a dense variant keeping every second state gets it (the derive form rendered, its
-    Triton form kept for the interpreter, n_items last in both signatures); the rendered source executes."""
+    Triton form kept for the interpreter, n_items last in both signatures, the functions' arguments those the
+    plan declares); the rendered source executes. Any gate: the pass split by chunk, both kernels taking the
+    prep's flags, the Triton form a persistent kernel of its own."""
     from dplr_gen.toolchain.compile import import_source
     from dplr_gen.render.render import render_unit
     from dplr_gen.toolchain.triton_source import is_gluon
 
-    units, _ = build_units(load_spec(write(tmp_path, K128 % (", states_every: 32", "varlen: [false]"))),
+    spec = K128.replace("gate_bounds: [-0.61]", f"gate_bounds: [{bound}]")
+    units, _ = build_units(load_spec(write(tmp_path, spec % (", states_every: 32", "varlen: [false]"))),
                            Version("3.6.0"))
     (u,) = [u for u in units if u.flags["gluon_token_pass"]]
     assert not u.variant.varlen and u.tune["bwd"].states_every == 32
@@ -422,7 +426,14 @@ def test_gluon_token_pass_k128_dense_deriving(tmp_path: Path) -> None:
     ns = vars(import_source(path, "gluon_k128_case"))
     assert is_gluon(ns["chunk_dplr_bwd_kernel"]) and not is_gluon(ns["chunk_dplr_bwd_triton_kernel"])
     assert list(ns["SIGNATURES"]["chunk_dplr_bwd_kernel"])[-1] == "n_items"
-    assert ns["OPTIONS"]["persistent"] == ["chunk_dplr_bwd_kernel"] and ns["OPTIONS"]["states_every"] == 32
+    split = bound == "null"
+    names = ["chunk_dplr_bwd_kernel", *(["chunk_dplr_bwd_triton_kernel"] if split else [])]
+    for name in names:
+        sig = list(ns["SIGNATURES"][name])
+        assert list(ns[name].arg_names[:len(sig)]) == sig, name
+        assert ("fac" in sig and "form" in sig) == split, name
+    assert ns["OPTIONS"].get("split_token_pass") == ("chunk_dplr_bwd_triton_kernel" if split else None)
+    assert ns["OPTIONS"]["persistent"] == names and ns["OPTIONS"]["states_every"] == 32
 
 
 @pytest.mark.parametrize("every, when, what", [

@@ -70,10 +70,17 @@ def def_params(rows: Rows, cond: Mapping[str, bool]) -> str:
         return [n for n, _ in row_args(r, cond)]
 
     lines = [", ".join(n for r in rows[:first] for n in names(r)) + ","]
-    rest = taken(rows[first:], cond)
-    lines += [", ".join(names(r)) + "," for r in rest if r.own_line]
-    last = " ".join(n + "," for r in rest if not r.own_line for n in names(r))
-    lines += [last] if last else []
+    # the conditional rows in their declared order (the order SIGNATURES has): an own_line row on a line of its
+    # own, the others run together
+    run: list[str] = []
+    for r in taken(rows[first:], cond):
+        if r.own_line:
+            lines += [" ".join(run)] if run else []
+            lines.append(", ".join(names(r)) + ",")
+            run = []
+        else:
+            run += [n + "," for n in names(r)]
+    lines += [" ".join(run)] if run else []
     return "\n".join("    " + line for line in lines)
 
 

@@ -163,9 +163,9 @@ def check_gluon(v: Variant, bwd: Knobs) -> None:
     """Knob chunk.bwd.gluon: the Gluon token pass covers bf16, the variant's 16-token chunks, bounded gates whose
     factored exponents stay within the limit, 4 warps and 64-wide K blocks and V tiles, in two forms: K = V = 64
     with a state kept for each chunk (dense or varlen), and K = V = 128, dense, with a state kept for every second
-    chunk (states_every 32: it derives the others). Any gate at K = V = 64: the pass split by chunk, the Gluon
-    kernel taking the chunks whose gates allow the factored form (chunk_kernels.splits_token_pass). SpecError
-    naming the variant and what is off otherwise."""
+    chunk (states_every 32: it derives the others). Any gate: the pass split by chunk, the Gluon kernel taking
+    the chunks whose gates allow the factored form (chunk_kernels.splits_token_pass). SpecError naming the
+    variant and what is off otherwise."""
     if not bwd.gluon:
         return
     off = []
@@ -180,9 +180,7 @@ def check_gluon(v: Variant, bwd: Knobs) -> None:
         off.append(f"states_every {bwd.states_every}, varlen {v.varlen} at K = 128 (dense, states_every 32)")
     if (v.K, v.V) not in ((64, 64), (128, 128)):
         off.append(f"K, V = {v.K}, {v.V} (64, 64 or 128, 128)")
-    if v.gate_bound is None and (v.K, v.V) != (64, 64):
-        off.append(f"any gate at K, V = {v.K}, {v.V} (any gate: 64, 64, the pass split by chunk)")
-    elif v.gate_bound is not None and not factored(16, v.gate_bound):
+    if v.gate_bound is not None and not factored(16, v.gate_bound):
         off.append(f"gate bound {v.gate_bound} (bounded, at most {2 * FACTOR_LIMIT / 16} in magnitude, or any gate)")
     if bwd.num_warps != 4 or (bwd.block_v or 64) != 64 or (bwd.block_k or 64) != 64:
         off.append(f"num_warps {bwd.num_warps}, block_v {bwd.block_v}, block_k {bwd.block_k} (4 warps, 64, 64)")

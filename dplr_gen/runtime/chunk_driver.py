@@ -611,8 +611,9 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
         grid, extra = persistent_launch(ks, BWD, n_items, dev)
         _launch(ks, BWD, (grid,), {**args, "form": 1, **dict(zip(("n_items",), extra))})
     if split:
-        # the chunks the Gluon kernel left: a program per work item, most of them returning at once
-        _launch(ks, split, (n_items,), {**args, "form": 0, "n_items": n_items})
+        # the chunks the Gluon kernel left, by the Triton form's persistent programs
+        grid, extra = persistent_launch(ks, split, n_items, dev)
+        _launch(ks, split, (grid,), {**args, "form": 0, **dict(zip(("n_items",), extra))})
     return dq, dk, da, db, dg
 
 

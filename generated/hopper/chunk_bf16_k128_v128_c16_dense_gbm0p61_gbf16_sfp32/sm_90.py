@@ -1087,7 +1087,8 @@ def _k_to_mr(x):
 
 
 @gluon.jit
-def _locate(item, n_items, T, H, scale, K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr):
+def _locate(item, n_items, T, H, scale, K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr,
+            BK: gl.constexpr):
     """Work item ``item`` ((chunk slot * H + head) * K blocks + K block): its first token, valid rows (none past
     n_items), head, first K column, the offset of its kept state pair, whether it steps the kept S (odd chunk)
     or the kept dS (even chunk with a chunk after it), and that step's chunk (slot * H + head, first token,
@@ -1113,13 +1114,13 @@ def _locate(item, n_items, T, H, scale, K: gl.constexpr, V: gl.constexpr, BC: gl
 
 
 @gluon.jit
-def _issue_tile(item, i_v, s_do, s_dr, s_v, s_u, s_x, s_y, s_h, s_dh, v, h, dh, u, dr, do, n_items, T, H, scale,
-                K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+def _issue_tile(item, i_v, s_do, s_dr, s_v, s_u, s_x, s_y, s_h, s_dh, v, h, dh, u, dr, do, n_items,
+                T, H, scale, K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
     """Start the copies of V tile i_v of ``item`` into tile stage i_v: its rows of dO, dR, V and U, the step's
     rows of (U, V) (odd chunk: the chunk before) or (dO, dR) (even: the chunk after), and the kept S and dS
     [BK, BV] blocks, whose shared row r holds K row _kmem(r) (MN's order). Masked rows read as zero."""
-    t0, lenc, i_h, k0, p_hs, odd, has_next, p_op, t_op, len_op, c_op = _locate(item, n_items, T, H, scale,
-                                                                               K, V, BC, BK)
+    t0, lenc, i_h, k0, p_hs, odd, has_next, p_op, t_op, len_op, c_op = _locate(
+        item, n_items, T, H, scale, K, V, BC, BK)
     r = gl.arange(0, BC, layout=gl.SliceLayout(1, LC))
     c = gl.arange(0, BV, layout=gl.SliceLayout(0, LC))
     m = (r[:, None] < lenc) & (c[None, :] < BV)
@@ -1146,8 +1147,8 @@ def _issue_item(item, st, s_q, s_k, s_a, s_b, s_g, s_xt, s_yt, q, k, a, b, gk, e
     prep ((B e^..)^T, (K e^..)^T of the chunk before, or (Q e^gamma)^T, (A e^gamma')^T of the chunk after; rows
     renamed for MR, _rows_mr) into item stage ``st``; returns the step's e^gamma_C rows (a plain load, first
     used an item later)."""
-    t0, lenc, i_h, k0, p_hs, odd, has_next, p_op, t_op, len_op, c_op = _locate(item, n_items, T, H, scale,
-                                                                               K, V, BC, BK)
+    t0, lenc, i_h, k0, p_hs, odd, has_next, p_op, t_op, len_op, c_op = _locate(
+        item, n_items, T, H, scale, K, V, BC, BK)
     r = gl.arange(0, BC, layout=gl.SliceLayout(1, LC))
     c = gl.arange(0, BK, layout=gl.SliceLayout(0, LC))
     m = (r[:, None] < lenc) & (c[None, :] < BK)
@@ -1207,13 +1208,13 @@ def chunk_dplr_bwd_kernel(
     s_yt = gl.allocate_shared_memory(gl.bfloat16, [2, BK, BC], SX)
     eg = _issue_item(pid, 0, s_q, s_k, s_a, s_b, s_g, s_xt, s_yt, q, k, a, b, gk, egc, bwt, kwt, qwt, awt,
                      n_items, T, H, scale, K, V, BC, BK)
-    _issue_tile(pid, 0, s_do, s_dr, s_v, s_u, s_x, s_y, s_h, s_dh, v, h, dh, u, dr, do, n_items, T, H, scale,
-                K, V, BC, BK, BV)
+    _issue_tile(pid, 0, s_do, s_dr, s_v, s_u, s_x, s_y, s_h, s_dh, v, h, dh, u, dr, do, n_items,
+                T, H, scale, K, V, BC, BK, BV)
     cp.commit_group()
     for item in range(pid, n_items, nprog):
         ist = ((item - pid) // nprog) % 2
-        t0, lenc, i_h, k0, p_hs, odd, has_next, p_op, t_op, len_op, c_op = _locate(item, n_items, T, H, scale,
-                                                                                   K, V, BC, BK)
+        t0, lenc, i_h, k0, p_hs, odd, has_next, p_op, t_op, len_op, c_op = _locate(
+            item, n_items, T, H, scale, K, V, BC, BK)
         dAqk = gl.zeros([BC, BC], gl.float32, layout=MR)
         dAqb = gl.zeros([BC, BC], gl.float32, layout=MR)
         dAak = gl.zeros([BC, BC], gl.float32, layout=MR)
@@ -1228,11 +1229,12 @@ def chunk_dplr_bwd_kernel(
             cp.wait_group(0)
             gl.thread_barrier()  # this tile's copies visible to every warp; every warp done with the other stage
             if i_v == 0:  # the item's second V tile is copied while its first is computed
-                _issue_tile(item, 1, s_do, s_dr, s_v, s_u, s_x, s_y, s_h, s_dh, v, h, dh, u, dr, do, n_items, T,
-                            H, scale, K, V, BC, BK, BV)
+                _issue_tile(item, 1, s_do, s_dr, s_v, s_u, s_x, s_y, s_h, s_dh, v, h, dh, u, dr, do, n_items,
+                            T, H, scale, K, V, BC, BK, BV)
             else:  # the next item's first V tile and its own tiles while this item's second tile is computed
                 eg_next = _issue_item(item + nprog, 1 - ist, s_q, s_k, s_a, s_b, s_g, s_xt, s_yt, q, k, a, b, gk,
-                                      egc, bwt, kwt, qwt, awt, n_items, T, H, scale, K, V, BC, BK)
+                                      egc, bwt, kwt, qwt, awt, n_items, T, H, scale, K,
+                                      V, BC, BK)
                 _issue_tile(item + nprog, 0, s_do, s_dr, s_v, s_u, s_x, s_y, s_h, s_dh, v, h, dh, u, dr, do,
                             n_items, T, H, scale, K, V, BC, BK, BV)
             cp.commit_group()

@@ -724,6 +724,10 @@ def chunk_dplr_bwd_dh_small_kernel(
                   K, V, BC, BK, BV, False)
 
 
+# the flags (int32) a program of the split token pass's Triton form reads at once
+FLAG_BLOCK = tl.constexpr(256)
+
+
 @triton.jit
 def chunk_dplr_bwd_triton_kernel(
     q, k, v, a, b, gk, h, dh, u, dr, do, dq, dk, da, db, dg,
@@ -731,96 +735,106 @@ def chunk_dplr_bwd_triton_kernel(
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # n_items: the persistent Gluon kernel's count of work items; this form takes a program per item
-    i_sh = tl.program_id(0)  # (chunk slot * H + head) * (number of K blocks) + K block
-    i_kb = i_sh % tl.cdiv(K, BK)
-    i_sh = i_sh // tl.cdiv(K, BK)
-    # the token pass is split by chunk: this form takes the chunks whose flag (from the backward's prep) equals
-    # ``form``, the Gluon kernel the others
-    if tl.load(fac + i_sh) != form:
-        return
-    i_h = i_sh % H
-    slot = (i_sh // H).to(tl.int64)
-    t0, lenc, i_n, i_t = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
-    o_c = tl.arange(0, BC)
-    o_k = i_kb * BK + tl.arange(0, BK)
-    m_c = o_c < lenc
-    m_k = o_k < K
-    p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
-    m_x = m_c[:, None] & m_k[None, :]
-    r_q, r_k, r_a, r_b, r_g = _load_inputs(q, k, a, b, gk, p_x, m_x)
+    # the token pass is split by chunk: this form takes the work items whose chunk's flag (from the backward's
+    # prep) equals ``form``, the Gluon kernel the others. Persistent (chunk_driver.persistent_launch): program p
+    # takes items p, p + programs, p + 2 programs, ... (the flagged items spread evenly over the programs
+    # wherever they cluster), reading their flags FLAG_BLOCK at a time, so that where the other kernel takes
+    # every chunk (RWKV-7 gates) the launch costs a few loads a program, not a program an item
+    n_kb: tl.constexpr = (K + BK - 1) // BK  # K blocks a chunk
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    for j0 in range(0, tl.cdiv(n_items - pid, n_prog), FLAG_BLOCK):
+        o_i = pid + (j0 + tl.arange(0, FLAG_BLOCK)) * n_prog
+        mine = tl.load(fac + o_i // n_kb, mask=o_i < n_items, other=-1) == form
+        if tl.sum(mine.to(tl.int32), 0) > 0:
+            for j in range(j0, j0 + FLAG_BLOCK):
+                i_item = pid + j * n_prog
+                i_sh = i_item // n_kb  # chunk slot * H + head
+                if tl.load(fac + i_sh, mask=i_item < n_items, other=-1) == form:
+                    i_kb = i_item % n_kb
+                    i_h = i_sh % H
+                    slot = (i_sh // H).to(tl.int64)
+                    t0, lenc, i_n, i_t = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
+                    o_c = tl.arange(0, BC)
+                    o_k = i_kb * BK + tl.arange(0, BK)
+                    m_c = o_c < lenc
+                    m_k = o_k < K
+                    p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
+                    m_x = m_c[:, None] & m_k[None, :]
+                    r_q, r_k, r_a, r_b, r_g = _load_inputs(q, k, a, b, gk, p_x, m_x)
 
-    # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel), and so does
-    # dV (the reverse pass): no A matrix and no gate is needed in the V loop
-    dAqk = tl.zeros([BC, BC], dtype=tl.float32)
-    dAqb = tl.zeros([BC, BC], dtype=tl.float32)
-    dAak = tl.zeros([BC, BC], dtype=tl.float32)
-    dAab = tl.zeros([BC, BC], dtype=tl.float32)
-    dQw = tl.zeros([BC, BK], dtype=tl.float32)
-    dAw = tl.zeros([BC, BK], dtype=tl.float32)
-    dKw = tl.zeros([BC, BK], dtype=tl.float32)
-    dBw = tl.zeros([BC, BK], dtype=tl.float32)
-    dgS = tl.zeros([BK], dtype=tl.float32)
-    p_hs = (slot * H + i_h) * K * V
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_kv = m_k[:, None] & m_v[None, :] & (lenc > 0)
-        m_vk = m_v[:, None] & m_k[None, :] & (lenc > 0)
-        S0 = tl.load(h + p_hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.).to(tl.float32)
-        S0T = tl.load(h + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
-        dS = tl.load(dh + p_hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.).to(tl.float32)
-        dST = tl.load(dh + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
-        p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
-        m_y = m_c[:, None] & m_v[None, :]
-        p_yT = ((t0 + o_c[None, :]) * H + i_h) * V + o_v[:, None]
-        m_yT = m_c[None, :] & m_v[:, None]
-        b_v = tl.load(v + p_y, mask=m_y, other=0.).to(tl.bfloat16)
-        b_vT = tl.load(v + p_yT, mask=m_yT, other=0.).to(tl.bfloat16)
-        b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.bfloat16)
-        U = tl.load(u + p_y, mask=m_y, other=0.)
-        UT = tl.load(u + p_yT, mask=m_yT, other=0.)
-        dR = tl.load(dr + p_y, mask=m_y, other=0.)
+                    # U and dR come from the state passes (chunk_dplr_fwd(_h)_kernel, chunk_dplr_bwd_dh_kernel), and so does
+                    # dV (the reverse pass): no A matrix and no gate is needed in the V loop
+                    dAqk = tl.zeros([BC, BC], dtype=tl.float32)
+                    dAqb = tl.zeros([BC, BC], dtype=tl.float32)
+                    dAak = tl.zeros([BC, BC], dtype=tl.float32)
+                    dAab = tl.zeros([BC, BC], dtype=tl.float32)
+                    dQw = tl.zeros([BC, BK], dtype=tl.float32)
+                    dAw = tl.zeros([BC, BK], dtype=tl.float32)
+                    dKw = tl.zeros([BC, BK], dtype=tl.float32)
+                    dBw = tl.zeros([BC, BK], dtype=tl.float32)
+                    dgS = tl.zeros([BK], dtype=tl.float32)
+                    p_hs = (slot * H + i_h) * K * V
+                    for i_v in range(tl.cdiv(V, BV)):
+                        o_v = i_v * BV + tl.arange(0, BV)
+                        m_v = o_v < V
+                        m_kv = m_k[:, None] & m_v[None, :] & (lenc > 0)
+                        m_vk = m_v[:, None] & m_k[None, :] & (lenc > 0)
+                        S0 = tl.load(h + p_hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.).to(tl.float32)
+                        S0T = tl.load(h + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
+                        dS = tl.load(dh + p_hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.).to(tl.float32)
+                        dST = tl.load(dh + p_hs + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.).to(tl.bfloat16)
+                        p_y = ((t0 + o_c[:, None]) * H + i_h) * V + o_v[None, :]
+                        m_y = m_c[:, None] & m_v[None, :]
+                        p_yT = ((t0 + o_c[None, :]) * H + i_h) * V + o_v[:, None]
+                        m_yT = m_c[None, :] & m_v[:, None]
+                        b_v = tl.load(v + p_y, mask=m_y, other=0.).to(tl.bfloat16)
+                        b_vT = tl.load(v + p_yT, mask=m_yT, other=0.).to(tl.bfloat16)
+                        b_do = tl.load(do + p_y, mask=m_y, other=0.).to(tl.bfloat16)
+                        U = tl.load(u + p_y, mask=m_y, other=0.)
+                        UT = tl.load(u + p_yT, mask=m_yT, other=0.)
+                        dR = tl.load(dr + p_y, mask=m_y, other=0.)
 
-        # every product accumulated onto the last: one MMA layout per sum (_dot_acc)
-        dAqk = _dot_acc(b_do, b_vT, dAqk)
-        dAqb = _dot_acc(b_do, UT, dAqb)
-        dAak = _dot_acc(dR, b_vT, dAak)
-        dAab = _dot_acc(dR, UT, dAab)
-        dQw = _dot_acc(b_do, S0T, dQw)
-        dAw = _dot_acc(dR, S0T, dAw)
-        dKw = _dot_acc(b_v, dST, dKw)
-        dBw = _dot_acc(U, dST, dBw)
-        dgS += tl.sum(dS * S0, 1)
+                        # every product accumulated onto the last: one MMA layout per sum (_dot_acc)
+                        dAqk = _dot_acc(b_do, b_vT, dAqk)
+                        dAqb = _dot_acc(b_do, UT, dAqb)
+                        dAak = _dot_acc(dR, b_vT, dAak)
+                        dAab = _dot_acc(dR, UT, dAab)
+                        dQw = _dot_acc(b_do, S0T, dQw)
+                        dAw = _dot_acc(dR, S0T, dAw)
+                        dKw = _dot_acc(b_v, dST, dKw)
+                        dBw = _dot_acc(U, dST, dBw)
+                        dgS += tl.sum(dS * S0, 1)
 
-    b_q, b_k, b_a, b_b, g, gam, gamp, ed, Qw, Aw, Bw, Kw = _token_gates(
-        r_q, r_k, r_a, r_b, r_g, gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
-    # gradient of gamma_C through S_C = e^gamma_C S0 + (B e^(gamma_C-gamma))^T U + (K e^(gamma_C-gamma))^T V:
-    # sum_v dS * S_C = e^gamma_C sum_v dS * S0 + sum_c (B e^..) * (U dS^T) + (K e^..) * (V dS^T), the last two
-    # being the dB~ and dK~ accumulators (no S_C tile needed)
-    dgC = tl.exp(tl.sum(g, 0)) * dgS + tl.sum(Bw.to(tl.float32) * dBw + Kw.to(tl.float32) * dKw, 0)
-    low = o_c[:, None] >= o_c[None, :]
-    slow = o_c[:, None] > o_c[None, :]
-    dAqk = tl.where(low, dAqk * scale, 0.)
-    dAqb = tl.where(low, dAqb * scale, 0.)
-    dAak = tl.where(slow, dAak, 0.)
-    dAab = tl.where(slow, dAab, 0.)
-    dq_i, dk_i, da_i, db_i, x_i, xa_i = _intra_bwd(dAqk, dAqb, dAak, dAab, b_q, b_k, b_a, b_b, g, gam, gamp, BC)
-    dQw = dQw * scale
-    b_dq = dQw * tl.exp(gam) + dq_i
-    b_da = dAw * tl.exp(gamp) + da_i
-    b_dk = dKw * ed + dk_i
-    b_db = dBw * ed + db_i
-    # dgamma_i = q dq - k dk - b db (+ rowsum(dS_C * S_C) at the last row), dgamma'_i = a da;
-    # dg_t = sum_{i >= t} dgamma_i + sum_{i > t} dgamma'_i. The state-path terms use the rounded operands of
-    # their dots (Q e^gamma, ...), like the intra-chunk ones, so that paired terms cancel exactly.
-    xa = Aw.to(tl.float32) * dAw + xa_i
-    x = Qw.to(tl.float32) * dQw - Kw.to(tl.float32) * dKw - Bw.to(tl.float32) * dBw + Aw.to(tl.float32) * dAw + x_i
-    b_dg = tl.cumsum(x, 0, reverse=True) - xa + dgC[None, :]
-    tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_x)
-    tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_x)
-    tl.store(da + p_x, b_da.to(da.dtype.element_ty), mask=m_x)
-    tl.store(db + p_x, b_db.to(db.dtype.element_ty), mask=m_x)
-    tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_x)
+                    b_q, b_k, b_a, b_b, g, gam, gamp, ed, Qw, Aw, Bw, Kw = _token_gates(
+                        r_q, r_k, r_a, r_b, r_g, gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
+                    # gradient of gamma_C through S_C = e^gamma_C S0 + (B e^(gamma_C-gamma))^T U + (K e^(gamma_C-gamma))^T V:
+                    # sum_v dS * S_C = e^gamma_C sum_v dS * S0 + sum_c (B e^..) * (U dS^T) + (K e^..) * (V dS^T), the last two
+                    # being the dB~ and dK~ accumulators (no S_C tile needed)
+                    dgC = tl.exp(tl.sum(g, 0)) * dgS + tl.sum(Bw.to(tl.float32) * dBw + Kw.to(tl.float32) * dKw, 0)
+                    low = o_c[:, None] >= o_c[None, :]
+                    slow = o_c[:, None] > o_c[None, :]
+                    dAqk = tl.where(low, dAqk * scale, 0.)
+                    dAqb = tl.where(low, dAqb * scale, 0.)
+                    dAak = tl.where(slow, dAak, 0.)
+                    dAab = tl.where(slow, dAab, 0.)
+                    dq_i, dk_i, da_i, db_i, x_i, xa_i = _intra_bwd(dAqk, dAqb, dAak, dAab, b_q, b_k, b_a, b_b, g, gam, gamp, BC)
+                    dQw = dQw * scale
+                    b_dq = dQw * tl.exp(gam) + dq_i
+                    b_da = dAw * tl.exp(gamp) + da_i
+                    b_dk = dKw * ed + dk_i
+                    b_db = dBw * ed + db_i
+                    # dgamma_i = q dq - k dk - b db (+ rowsum(dS_C * S_C) at the last row), dgamma'_i = a da;
+                    # dg_t = sum_{i >= t} dgamma_i + sum_{i > t} dgamma'_i. The state-path terms use the rounded operands of
+                    # their dots (Q e^gamma, ...), like the intra-chunk ones, so that paired terms cancel exactly.
+                    xa = Aw.to(tl.float32) * dAw + xa_i
+                    x = Qw.to(tl.float32) * dQw - Kw.to(tl.float32) * dKw - Bw.to(tl.float32) * dBw + Aw.to(tl.float32) * dAw + x_i
+                    b_dg = tl.cumsum(x, 0, reverse=True) - xa + dgC[None, :]
+                    tl.store(dq + p_x, b_dq.to(dq.dtype.element_ty), mask=m_x)
+                    tl.store(dk + p_x, b_dk.to(dk.dtype.element_ty), mask=m_x)
+                    tl.store(da + p_x, b_da.to(da.dtype.element_ty), mask=m_x)
+                    tl.store(db + p_x, b_db.to(db.dtype.element_ty), mask=m_x)
+                    tl.store(dg + p_x, b_dg.to(dg.dtype.element_ty), mask=m_x)
 
 
 # the token pass is a Gluon kernel (knob chunk.bwd.gluon; templates/chunk_dplr_bwd_gluon.py.jinja)
@@ -1216,3 +1230,4 @@ SIGNATURES["chunk_dplr_bwd_triton_kernel"] = {
 CONSTEXPRS["chunk_dplr_bwd_triton_kernel"] = CONSTEXPRS["chunk_dplr_bwd_kernel"]
 LAUNCH["chunk_dplr_bwd_triton_kernel"] = {"num_warps": 4, "num_stages": 3, "maxnreg": 255}
 OPTIONS["split_token_pass"] = "chunk_dplr_bwd_triton_kernel"
+OPTIONS["persistent"].append("chunk_dplr_bwd_triton_kernel")  # its programs walk the work items (FLAG_BLOCK)

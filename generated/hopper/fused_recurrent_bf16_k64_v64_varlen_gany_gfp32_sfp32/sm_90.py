@@ -76,5 +76,5 @@ CONSTEXPRS = {
     "fused_recurrent_dplr_fwd_kernel": {"K": 64, "V": 64, "BK": 64, "BV": 64},
 }
 LAUNCH = {
-    "fused_recurrent_dplr_fwd_kernel": {"num_warps": 4, "num_stages": 2},
+    "fused_recurrent_dplr_fwd_kernel": {"num_warps": 1, "num_stages": 2},
 }
