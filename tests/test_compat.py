@@ -209,6 +209,19 @@ def test_quirk_effect_counts_units_it_changes(tmp_path: Path) -> None:
         "hopper-mma-to-mma-abort": 1, "hopper-chunk-bwd-abort-old-triton": 0}
 
 
+def test_quirk_effect_ignores_what_the_build_sets_itself(tmp_path: Path) -> None:
+    """A unit the build gives the Gluon token pass (a flag set after the registry's) is not counted as changed by
+    an entry whose workaround the flags already hold: hopper's any-gate K = 128 variant under Triton 3.6."""
+    p = tmp_path / "g.yaml"
+    p.write_text("name: g\ntargets: [sm_90]\nvariants:\n  - ops: [chunk]\n    dtypes: [bf16]\n    head_dims: [128]\n"
+                 "    chunk_sizes: [16]\n    varlen: [false]\n    gate_bounds: [null]\n"
+                 "tuning:\n  chunk.bwd: {num_warps: 4, block_v: 64, block_k: 64, states_every: 32, gluon: true}\n")
+    spec = load_spec(p)
+    units, _ = build_units(spec, Version("3.6.0"))
+    assert [u.flags["gluon_token_pass"] for u in units] == [True]
+    assert c.quirk_effects(spec, "sm_90", Version("3.6.0"), units) == {"hopper-cast-trans-dot-operand-wrong": 0}
+
+
 @pytest.mark.skipif(installed_triton() is None, reason="needs an installed Triton")
 def test_end_to_end_installed_triton(tmp_path: Path) -> None:
     """Real compiles (fused recurrent, fast) for sm_80 and sm_90 with the installed Triton, via the CLI."""

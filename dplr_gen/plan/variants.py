@@ -240,13 +240,14 @@ def unit_flags(
 
 
 def unit_for(
-    spec: Spec, arch: ArchProfile, triton_version: Version, v: Variant, lenient: bool = False
+    spec: Spec, arch: ArchProfile, triton_version: Version, v: Variant, lenient: bool = False, quirks: Any = None
 ) -> BuildUnit | Filtered:
     """Variant ``v`` of ``spec`` for one target: its build unit (flags, resolved knobs), or why it is refused.
     ``lenient`` (variants generated on demand, which no one wrote the spec's rules for): a stage-only knob that a
     matching rule sets but this variant cannot take (e.g. the Gluon token pass at K != 64, 128) is dropped
-    instead of being a SpecError."""
-    flags, limits, applied, refusal = unit_flags(arch, triton_version, v)
+    instead of being a SpecError. ``quirks``: the registry entries to apply (default: all; compat's count of what
+    each entry changes)."""
+    flags, limits, applied, refusal = unit_flags(arch, triton_version, v, quirks=quirks)
     what = f"{v.name}__{arch.target}"
     unfit = next((why(v, arch) for pred, why in _TARGET_RULES if pred(v, arch)), None)
     if refusal is not None or unfit is not None:

@@ -39,10 +39,11 @@ from packaging.version import InvalidVersion, Version
 
 from ..spec import quirks as quirk_registry
 from ..spec.arch import get_arch
+from ..spec.models import SpecError
 from ..toolchain.cache import cache_root
 from ..toolchain.compile import CompileJob, CompileOutcome, run_in_subprocess
 from ..render.render import TEMPLATES_DIR, source_hash
-from ..plan.variants import BuildUnit, _resolve_knobs, expand, unit_flags
+from ..plan.variants import BuildUnit, expand, unit_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPECS_DIR = REPO_ROOT / "specs"
@@ -223,8 +224,14 @@ def quirk_effects(spec: Any, target: str, version: Version, units: Sequence[Buil
         rest = [x for x in pool if x.id != q.id]
         changed = 0
         for u in units:
-            flags, limits, _, _ = unit_flags(arch, version, u.variant, quirks=rest)
-            if u.flags != flags or u.tune != _resolve_knobs(spec, arch, u.variant, limits):
+            # the unit as the build would make it without this entry (its flags then set as the build sets them,
+            # e.g. the Gluon token pass's)
+            try:
+                alt = unit_for(spec, arch, version, u.variant, quirks=rest)
+            except SpecError:  # a knob the unit takes only with this entry's caps
+                changed += 1
+                continue
+            if not isinstance(alt, BuildUnit) or u.flags != alt.flags or u.tune != alt.tune:
                 changed += 1
         out[q.id] = changed
     return out
