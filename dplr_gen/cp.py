@@ -211,12 +211,17 @@ class _Gather:
     slower ranks (on the GPU the wait only orders the current stream after the collective)."""
 
     def __init__(self, x: torch.Tensor, ctx: CPContext, group: Any = None) -> None:
-        self.x = x.contiguous()  # held until the collective is done
-        self.out = [torch.empty_like(self.x) for _ in range(ctx.world_size)]
-        self.work = dist.all_gather(self.out, self.x, group=ctx.group if group is None else group, async_op=True)
+        self.x: Optional[torch.Tensor] = x.contiguous()  # held until the collective is done
+        self.out = [torch.empty_like(x) for _ in range(ctx.world_size)]
+        self.work: Any = dist.all_gather(self.out, self.x, group=ctx.group if group is None else group,
+                                         async_op=True)
 
     def result(self) -> torch.Tensor:
-        self.work.wait()
+        if self.work is not None:
+            self.work.wait()
+            # the finished collective's handle (and the input) let go at once: a gloo handle that holds tensors
+            # when the interpreter shuts down (kept alive by whatever still holds this object) aborts the process
+            self.work = self.x = None
         return torch.stack(self.out)
 
 

@@ -734,7 +734,6 @@ def chunk_dplr_bwd_triton_kernel(
     fac, form, cu_seqlens, chunk_map, scale, T, H, n_items,
     K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    # n_items: the persistent Gluon kernel's count of work items; this form takes a program per item
     # the token pass is split by chunk: this form takes the work items whose chunk's flag (from the backward's
     # prep) equals ``form``, the Gluon kernel the others. Persistent (chunk_driver.persistent_launch): program p
     # takes items p, p + programs, p + 2 programs, ... (the flagged items spread evenly over the programs
