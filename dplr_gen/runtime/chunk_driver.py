@@ -295,6 +295,13 @@ def persistent_launch(ks, name: str, n_items: int, device: torch.device) -> tupl
     return (min(n_items, resident * _device_sms(device)) if resident else n_items), [n_items]
 
 
+def _launch_persistent(ks, name: str, n_items: int, device: torch.device, args: dict[str, Any]) -> None:
+    """Launch kernel ``name`` over ``n_items`` work items with the grid (and n_items argument) persistent_launch
+    gives it."""
+    grid, extra = persistent_launch(ks, name, n_items, device)
+    _launch(ks, name, (grid,), {**args, **dict(zip(("n_items",), extra))})
+
+
 def _cu(cu_seqlens: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """The varlen kernel argument of the state passes: cu_seqlens, or nothing for dense inputs."""
     return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
@@ -608,12 +615,10 @@ def chunk_dplr_bwd_tokens(ks, v, saved, h: torch.Tensor, u: torch.Tensor, do: to
         _token_pass_per_sequence(saved["twin"], seqs, (q, k, v_, a, b, gk), h, dh, (u, dr, do, dq, dk, da, db, dg),
                                  scale, nk, fac)
     else:
-        grid, extra = persistent_launch(ks, BWD, n_items, dev)
-        _launch(ks, BWD, (grid,), {**args, "form": 1, **dict(zip(("n_items",), extra))})
+        _launch_persistent(ks, BWD, n_items, dev, {**args, "form": 1})
     if split:
         # the chunks the Gluon kernel left, by the Triton form's persistent programs
-        grid, extra = persistent_launch(ks, split, n_items, dev)
-        _launch(ks, split, (grid,), {**args, "form": 0, **dict(zip(("n_items",), extra))})
+        _launch_persistent(ks, split, n_items, dev, {**args, "form": 0})
     return dq, dk, da, db, dg
 
 
@@ -683,17 +688,15 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
         side.wait_stream(torch.cuda.current_stream(dev))
     for i, (bos, eos, first) in enumerate(seqs):
         nch = _cdiv(eos - bos, TC)
-        grid, extra = persistent_launch(twin, BWD, nch * H * nk, dev)
         tok = (slice(None), slice(bos, eos))
         args = {**{n: t[tok] for n, t in zip(_TOKEN_INPUTS, inputs)}, "h": h[first:first + nch],
                 "dh": dh[first:first + nch], **{n: t[tok] for n, t in zip(_TOKEN_ROWS, rows)}, "scale": scale,
-                "T": eos - bos, "H": H, "fac": None if fac is None else fac[first:first + nch], "form": 1,
-                **dict(zip(("n_items",), extra))}
+                "T": eos - bos, "H": H, "fac": None if fac is None else fac[first:first + nch], "form": 1}
         if side is not None and i % 2:
             with torch.cuda.stream(side):
-                _launch(twin, BWD, (grid,), args)
+                _launch_persistent(twin, BWD, nch * H * nk, dev, args)
         else:
-            _launch(twin, BWD, (grid,), args)
+            _launch_persistent(twin, BWD, nch * H * nk, dev, args)
     if side is not None:
         torch.cuda.current_stream(dev).wait_stream(side)
 
