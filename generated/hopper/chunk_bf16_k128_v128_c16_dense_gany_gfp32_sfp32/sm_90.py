@@ -1178,9 +1178,9 @@ def _k_to_mr(x):
 def _locate(item, n_items, fac, form, T, H, scale, K: gl.constexpr, V: gl.constexpr, BC: gl.constexpr,
             BK: gl.constexpr):
     """Work item ``item`` ((chunk slot * H + head) * K blocks + K block): its first token, valid rows (none past
-    n_items, nor where the prep's flag of its chunk is not ``form``), head, first K column, the offset of its kept state pair, whether it steps the kept S (odd chunk)
+    n_items), head, first K column, the offset of its kept state pair, whether it steps the kept S (odd chunk)
     or the kept dS (even chunk with a chunk after it), and that step's chunk (slot * H + head, first token,
-    rows) and scale."""
+    rows) and scale. No rows either where the prep's flag of its chunk is not ``form``."""
     k0 = (item % (K // BK)) * BK
     sh = item // (K // BK)
     i_h = sh % H
