@@ -37,12 +37,24 @@ import torch
 t["import_torch"] = time.perf_counter()
 torch.zeros(1, device="cuda"); torch.cuda.synchronize()
 t["cuda_init"] = time.perf_counter()
-import triton.runtime.build as tb
 builds = []  # C compiler runs only (a module found in Triton's cache is not one)
-_orig = tb._build
-def _timed(*a, **k):
-    s = time.perf_counter(); m = _orig(*a, **k); builds.append(time.perf_counter() - s); return m
-tb._build = _timed
+class _CountBuilds:  # wraps Triton's C builds if Triton gets imported (a direct launch never imports it)
+    def find_spec(self, name, path, target=None):
+        if name != "triton.runtime.build":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+        def exec_module(m):
+            run(m)
+            orig = m._build
+            def timed(*a, **k):
+                s = time.perf_counter(); r = orig(*a, **k); builds.append(time.perf_counter() - s); return r
+            m._build = timed
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, _CountBuilds())
 import dplr_gen
 from dplr_gen.runtime import ops
 from dplr_gen.runtime.loader import package_at
@@ -79,9 +91,10 @@ keys = list(t)
 phases = {k: t[k] - t[p] for p, k in zip(keys, keys[1:])}
 print("RESULT " + json.dumps({"phases_s": phases, "total_s": t["first_bwd"] - t["start"],
                                "cold_start_s": t["first_bwd"] - t["start"] - phases["inputs"],
+                               "dplr_gen_s": sum(phases[p] for p in ("import_dplr_gen", "load", "first_fwd", "first_bwd")),
                                "backward_form": sys.argv[3], "sympy_imported": "sympy" in sys.modules,
                                "launcher_builds": len(builds), "launcher_build_s": sum(builds),
-                               "launcher_builds_in_fwd": len(fwd_builds)}))
+                               "launcher_builds_in_fwd": len(fwd_builds), "triton_imported": "triton" in sys.modules}))
 """
 
 

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from dplr_gen.toolchain import build as b
-from dplr_gen.toolchain import cache
+from dplr_gen.toolchain import cache, triton_versions
 from dplr_gen.toolchain.compile import CompileJob, import_source, run_in_subprocess
+
+REPO = Path(__file__).resolve().parent.parent
 
 SMALL = """
 name: small
@@ -380,3 +382,66 @@ def test_divisible_t_copies_compiled_and_loaded_with_t_divisible(tmp_path: Path,
                for n in (name, twin)}
         assert "%T: i32 {tt.divisibility = 16 : i32}" in gir[twin]
         assert "%T: i32 {tt.divisibility" not in gir[name]
+
+
+DIRECT_CHILD = """
+import json, sys
+from dplr_gen.runtime.loader import SpecPackage
+from pathlib import Path
+pkg = SpecPackage(Path(sys.argv[1]))
+seen = {}
+for variant in pkg.variant_names:
+    ks = pkg.kernel_set(variant, "sm_90")
+    seen[variant] = {n: [type(k).__name__, k.n_runtime, len(list(ks.arguments(n)))] for n, k in ks.aot.items()}
+print("RESULT " + json.dumps({"kernels": seen, "triton": "triton" in sys.modules}))
+"""
+
+
+def test_kernels_with_direct_records_load_without_triton(small_spec: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where this machine keeps a unit's direct records (a first process on a GPU captured them), a fresh
+    process loads its kernels from them without importing Triton; one kernel without a record sends the whole
+    unit through Triton's path. The records here are what a capture gives for each kernel's argument list (the
+    capture itself: tests/test_launch_direct.py)."""
+    from dplr_gen.runtime import loader
+    from dplr_gen.toolchain import launch_direct, launch_stubs
+
+    out = tmp_path / "gen"
+    assert not b.build(small_spec, jobs=2, out_root=out, stubs=False).failures
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(launch_stubs, "warm_launchers", lambda ks, keep_in=None: None)
+    (tmp_path / "stub.so").write_bytes(b"stub")
+    (tmp_path / "utils.so").write_bytes(b"utils")
+
+    def capture(k: Any) -> dict[str, Any]:
+        full = k.launcher_args([launch_direct._Mark(i) for i in range(k.n_runtime)])
+        cubin = next(Path(p).name for p in k.compiled.metadata_group.values() if str(p).endswith(".cubin"))
+        return {"version": launch_direct.RECORD_VERSION, "name": k.compiled.name, "cubin": cubin, "shared": 0,
+                "num_warps": 4, "head": [0, None, {"tuple": [4, 1, 0]}],
+                "layout": [f.what if isinstance(f, launch_direct._Mark) else {"const": launch_direct._encode(f)}
+                           for f in full],
+                "stub_file": str(tmp_path / "stub.so"), "utils_file": str(tmp_path / "utils.so")}
+
+    monkeypatch.setattr(launch_direct, "capture", capture)
+    pkg = loader.SpecPackage(out / "small")
+    for variant in pkg.variant_names:  # the first process: through Triton, keeping the records
+        assert all(type(k).__name__ == "LoadedKernel" for k in pkg._load(variant, "sm_90").aot.values())
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(REPO))
+
+    def child() -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, "-c", DIRECT_CHILD, str(out / "small")], env=env, text=True,
+                              capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(next(ln[7:] for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")))
+
+    res = child()
+    assert not res["triton"]
+    kinds = {tuple(v) for kernels in res["kernels"].values() for v in kernels.values()}
+    assert kinds and all(kind == "DirectKernel" and n == args for kind, n, args in kinds), kinds
+    # one record gone: that unit's kernels all come through Triton (one launch path per kernel set)
+    rec = next(launch_direct.records_dir(tmp_path / "cache", str(triton_versions.triton_version())).glob("*.json"))
+    rec.unlink()
+    res = child()
+    assert res["triton"]
+    by_variant = {v: {kind for kind, _, _ in kernels.values()} for v, kernels in res["kernels"].items()}
+    assert sorted(map(sorted, by_variant.values())) == sorted([["LoadedKernel"]] + [["DirectKernel"]] * (len(by_variant) - 1))

@@ -241,14 +241,20 @@ class SpecPackage:
             # rendered for another release: its sources may lack a workaround this one needs (the registry is
             # read only here, so a prebuilt package's cold start does not import pydantic and yaml)
             _refuse_unavoided_miscompiles(entry, target, self.index["variants"][variant]["params"])
+        manifest = self.manifest()
+        built = not self._not_built(manifest, entry["unit"])
         if entry["flags"].get("needs_allocator"):
             _set_torch_allocator()
-        manifest = self.manifest()
-        recorded = None if self._not_built(manifest, entry["unit"]) else package_kernels.recorded_kernels(
-            entry["unit"], manifest)
+        elif built:  # launched without Triton where this machine keeps the kernels' direct records
+            direct = package_kernels.direct_kernels(entry["unit"], manifest)
+            if direct is not None:
+                return KernelSet(*direct)
+        recorded = package_kernels.recorded_kernels(entry["unit"], manifest) if built else None
         if recorded is not None:  # launched from the build's records: the rendered source is not imported
             tables, aot = recorded
             launch_stubs.warm_launchers(aot.values(), keep_in=self._stub_store(manifest))
+            if not entry["flags"].get("needs_allocator"):
+                package_kernels.keep_direct_records(entry["unit"], manifest, aot)
             return KernelSet(tables, aot)
         module = self._import_unit(entry)
         aot, why = self._load_aot(module, entry["unit"], manifest)

@@ -17,9 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import platformdirs
-from filelock import FileLock
-
 from . import settings
 
 META = "meta.json"
@@ -27,7 +24,12 @@ META = "meta.json"
 
 def cache_root() -> Path:
     """DPLR_GEN_CACHE_DIR (a folder, made absolute: manifests record it), else the user's cache folder."""
-    return settings.directory("DPLR_GEN_CACHE_DIR") or Path(platformdirs.user_cache_dir("dplr-gen"))
+    found = settings.directory("DPLR_GEN_CACHE_DIR")
+    if found is None:
+        import platformdirs  # (here: a process that loads built kernels reads their manifest's root instead)
+
+        found = Path(platformdirs.user_cache_dir("dplr-gen"))
+    return found
 
 
 def cache_key(**parts: Any) -> str:
@@ -67,6 +69,8 @@ def entries(triton_version: str, root: Path | None = None) -> Iterator[dict[str,
 
 @contextmanager
 def locked(key: str, triton_version: str, root: Path | None = None) -> Iterator[None]:
+    from filelock import FileLock  # (here: only writers lock, and the runtime's loads write nothing)
+
     d = entry_dir(key, triton_version, root)
     d.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(d) + ".lock"):
@@ -108,11 +112,16 @@ def add_to_meta(key: str, triton_version: str, extra: dict[str, Any], root: Path
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a file so that readers see the old or the new content, never a part."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``atomic_write_text`` for bytes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

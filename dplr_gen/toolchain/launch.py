@@ -82,17 +82,20 @@ class LoadedKernel:
         g = (grid,) if isinstance(grid, int) else tuple(grid)
         g = (g + (1, 1, 1))[:3]  # CompiledKernel indexes grid[0..2]
         launch = self.compiled[g]
-        order, consts, n = self._order, self._constexprs, self.n_runtime
+        n = self.n_runtime
 
         def run(*args: Any, stream: Any = None) -> None:
             if len(args) != n:
                 raise TypeError(f"{self.compiled.name} takes {n} runtime arguments, got {len(args)}")
-            it = iter(args)
-            # launcher arity follows src.signature: constexpr slots exist only from 3.3 on
-            full = [consts[name] if is_c else next(it) for name, is_c in order]
-            launch(*full, stream=stream)
+            launch(*self.launcher_args(args), stream=stream)
 
         return run
+
+    def launcher_args(self, args: Sequence[Any]) -> list[Any]:
+        """The run-time arguments ``args`` as the launcher takes them: the launcher's arity follows
+        src.signature, which has constexpr slots only from Triton 3.3 on."""
+        it = iter(args)
+        return [self._constexprs[name] if is_c else next(it) for name, is_c in self._order]
 
 
 def load_kernel(

@@ -87,6 +87,11 @@ def driver_modules_kept_in(root: Path, triton_version: str) -> Iterator[None]:
             nv.compile_module_from_src = original
 
 
+def driver_builds_lock() -> threading.Lock:
+    """Held while Triton's driver's C-module loader is wrapped (here, and by a direct launch's capture)."""
+    return _DRIVER_BUILDS
+
+
 def kept_driver_modules(root: Path, triton_version: str) -> int:
     """How many C modules of Triton's driver (see :func:`driver_modules_kept_in`) dplr-gen's cache holds."""
     from . import cache

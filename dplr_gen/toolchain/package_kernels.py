@@ -142,6 +142,46 @@ def recorded_kernels(unit: str, manifest: dict[str, Any]) -> tuple[Any, dict[str
     return (tables, kernels) if kernels is not None else None
 
 
+def direct_kernels(unit: str, manifest: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+    """A built unit's launch tables and kernels launched from the direct records this machine keeps of them
+    (``launch_direct``: no Triton import, its launch stubs called directly); None where a kernel has no record
+    here (the first process on a machine loads through Triton and keeps them) or stubs are not kept. The caller
+    checked that ``manifest`` has the unit built for this Triton release (``not_built``)."""
+    from . import launch, launch_direct
+
+    store = stub_store(manifest)
+    rec = manifest["units"][unit]
+    records = _kernel_records(rec)
+    if store is None or "declared" not in rec or {n for n, _ in records} != set(rec["declared"]) \
+            or launch_direct.hooks_set():
+        return None
+    root, version = store
+    tables = launch.LaunchTables(rec.get("options", {}))
+    kernels: dict[str, Any] = {}
+    for name, key in records:
+        meta = cache.read_entry(key, version, root)
+        k = None if meta is None or "launch" not in meta else launch_direct.load(
+            key, cache.entry_dir(key, version, root), root, version)
+        if k is None:
+            return None
+        tables.add(name, launch.RecordedKernel(meta["launch"]))
+        kernels[name] = k
+    return tables, kernels
+
+
+def keep_direct_records(unit: str, manifest: dict[str, Any], kernels: dict[str, Any]) -> int:
+    """Keep on this machine the direct records of a built unit's ``kernels`` (name -> kernel loaded through
+    Triton; their binaries get loaded on the current GPU), so that later processes launch them without Triton
+    (``direct_kernels``); the number kept. Nothing where stubs are not kept."""
+    from . import launch_direct
+
+    store = stub_store(manifest)
+    if store is None:
+        return 0
+    by_key = {key: kernels[name] for name, key in _kernel_records(manifest["units"][unit]) if name in kernels}
+    return launch_direct.keep(by_key, *store)
+
+
 def build_launch_stubs(directory: Path) -> int:
     """Build (or find) the launch stubs of every kernel the package's manifest names and keep them in dplr-gen's
     cache, so that a fresh process on this machine, even with an empty Triton cache, compiles none. Needs
@@ -155,11 +195,16 @@ def build_launch_stubs(directory: Path) -> int:
         raise FileNotFoundError(f"{directory} has no manifest.json: build its spec first")
     index = json.loads((directory / "index.json").read_text())
     kernels: list[Any] = []
+    units: list[tuple[str, dict[str, Any]]] = []
     for entry in index["variants"].values():
         for t in entry["targets"].values():
             if t["unit"] not in manifest["units"]:
                 continue
             aot, _ = aot_kernels(unit_module(directory, index["spec"], t), t["unit"], manifest)
-            kernels.extend((aot or {}).values())
+            if aot:
+                units.append((t["unit"], aot))
+                kernels.extend(aot.values())
     launch_stubs.warm_launchers(kernels, keep_in=stub_store(manifest))
+    for unit, aot in units:
+        keep_direct_records(unit, manifest, aot)
     return len(kernels)
