@@ -39,8 +39,7 @@ def x_of(B, T, H, D, seed, grad=True, h0=True):
     x = rwkv7_inputs(B, T, H, D, dtype=torch.bfloat16, device=dev, seed=seed, initial_state=h0)
     return {n: v.requires_grad_(grad) for n, v in x.items() if v is not None}
 
-def ms_per_call(fn, warmup, n):
-    """Wall ms per call of n calls back to back, the best of 5 rounds (the host's time where it bounds them)."""
+def ms_per_call(fn, warmup, n):  # wall ms per call of n calls back to back, the best of 5 rounds
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
