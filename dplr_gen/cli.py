@@ -562,7 +562,7 @@ def compat(
     extra_specs: Optional[list[str]] = typer.Argument(None, hidden=True, metavar="[SPEC]..."),
     sample: bool = typer.Option(
         True, "--sample/--full", help="sample: per (spec, arch, Triton) one variant per family (op, gate mode, "
-        "dtype, varlen) at the largest head dim; full: every variant"),
+        "dtype, gate dtype, varlen) at the largest head dim; full: every variant"),
     jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, metavar="N", help="compiles run in parallel"),
     targets: Optional[str] = typer.Option(None, "--targets", metavar="ARCHS", help="only these archs, e.g. sm_80,sm_90"),
     ops: Optional[str] = typer.Option(None, "--ops", metavar="OPS", help="only these ops: chunk, fused_recurrent"),

@@ -111,13 +111,15 @@ def test_sample_one_per_family_at_largest_head_dim() -> None:
     assert len(chosen) + len(skipped) == len(units)
 
     def family(u):  # type: ignore[no-untyped-def]
-        return (u.target, u.variant.op, c.gate_mode(u), u.variant.dtype, u.variant.varlen)
+        return (u.target, u.variant.op, c.gate_mode(u), u.variant.dtype, u.variant.gate_dtype, u.variant.varlen)
 
     keys = [family(u) for u in chosen]
     assert len(keys) == len(set(keys))
     assert set(keys) == {family(u) for u in units}
-    # sm_80, sm_86 x (chunk bounded, chunk generic, fused) x 3 dtypes x (dense, varlen)
-    assert len(chosen) == 2 * 3 * 3 * 2
+    # sm_80, sm_86 x (chunk bounded, chunk generic, fused) x 3 dtypes x (dense, varlen), and the bounded chunk
+    # reading gk in its own dtype: bf16, fp16 x (dense, varlen)
+    assert len(chosen) == 2 * (3 * 3 * 2 + 2 * 2)
+    assert {u.variant.gate_dtype for u in chosen} == {"fp32", "bf16", "fp16"}
     for u in chosen:
         assert u.variant.K == 128 and u.variant.V == 128, u.name
     assert c.sample_units(list(reversed(units)))[0] == list(reversed(chosen))  # order-independent choice

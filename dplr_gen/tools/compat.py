@@ -187,15 +187,16 @@ def gate_mode(unit_or_variant: Any) -> str:
 def _weight(u: BuildUnit) -> tuple[Any, ...]:
     v = u.variant
     # heaviest code paths first: largest head dim, varlen on, largest chunk, ieee fp32 dots
-    return (v.K * v.V, v.K, v.varlen, v.chunk_size or 0, v.dot_precision == "ieee", v.gate_dtype == "fp32")
+    return (v.K * v.V, v.K, v.varlen, v.chunk_size or 0, v.dot_precision == "ieee")
 
 
 def sample_units(units: Sequence[BuildUnit]) -> tuple[list[BuildUnit], list[BuildUnit]]:
-    """One unit per family, (target, op, gate mode, dtype, varlen): the one at the largest head dim (then the
-    largest chunk). Returns ``(chosen, skipped)``, both in the input order."""
-    best: dict[tuple[str, str, str, str, bool], BuildUnit] = {}
+    """One unit per family, (target, op, gate mode, dtype, gate dtype, varlen): the one at the largest head dim
+    (then the largest chunk). The gate's dtype is a family of its own: a gate read in bf16 or fp16 is another
+    load and conversion in every kernel that reads it. Returns ``(chosen, skipped)``, both in the input order."""
+    best: dict[tuple[str, str, str, str, str, bool], BuildUnit] = {}
     for u in units:
-        key = (u.target, u.variant.op, gate_mode(u), u.variant.dtype, u.variant.varlen)
+        key = (u.target, u.variant.op, gate_mode(u), u.variant.dtype, u.variant.gate_dtype, u.variant.varlen)
         cur = best.get(key)
         # ties go to the first name in sort order, so the choice does not depend on the input order
         if cur is None or (_weight(u), _neg(u.name)) > (_weight(cur), _neg(cur.name)):
@@ -611,7 +612,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     src = data.get("source", {})
     m = data["machine"]
     mode = (
-        "sample: per (spec, arch, Triton) one variant per family (op, gate mode, dtype, varlen) is compiled, the "
+        "sample: per (spec, arch, Triton) one variant per family (op, gate mode, dtype, gate dtype, varlen) is compiled, the "
         "one at the largest head dim (the heaviest code paths); the others are counted as skipped"
         if data["mode"] == "sample" else "full: every variant is compiled"
     )
