@@ -370,8 +370,12 @@ def doctor() -> None:
         from .toolchain.launch_stubs import kept_driver_modules
         from .toolchain.triton_versions import triton_version
 
-        rows.append(("launch stubs", f"{kept_driver_modules(cache_root(), str(triton_version()))} kept for this "
-                     f"Triton in the cache" + ("" if keeps_stubs() else f" ({KEEP_STUBS_ENV}=0: not used)")))
+        from .toolchain.launch_direct import kept_records
+
+        tv = str(triton_version())
+        rows.append(("launch stubs", f"{kept_driver_modules(cache_root(), tv)} kept for this Triton in the cache, "
+                     f"{kept_records(cache_root(), tv)} kernels launched without Triton"
+                     + ("" if keeps_stubs() else f" ({KEEP_STUBS_ENV}=0: not used)")))
     except Exception as e:  # doctor reports, it does not fail
         rows.append(("launch stubs", f"unknown ({e})"))
     rows.append(("settings", _settings_state()))

@@ -41,7 +41,7 @@ READERS: dict[str, Callable[[], Any]] = {
     ("DPLR_GEN_CHECK_LOWER_BOUND", "bogus", "sync (checked on the host"),
     ("DPLR_GEN_CHECK_LOWER_BOUND", "off", "0 or empty (not checked)"),
     ("DPLR_GEN_NO_JIT", "yes", "1 (never compile at run time"),
-    ("DPLR_GEN_KEEP_STUBS", "2", "0 or empty (Triton's cache only)"),
+    ("DPLR_GEN_KEEP_STUBS", "2", "0 or empty (Triton's cache only, every launch through Triton)"),
     ("DPLR_GEN_JIT_JOBS", "many", "a whole number of compile processes"),
     ("DPLR_GEN_JIT_JOBS", "-2", "1 or more"),
     ("DPLR_GEN_CACHE_DIR", "FILE", "a directory for the kernel cache"),

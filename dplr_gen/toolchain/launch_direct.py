@@ -46,6 +46,11 @@ def records_dir(root: Path, triton_version: str) -> Path:
     return Path(root) / f"triton-{triton_version}" / "direct-launch" / PLATFORM
 
 
+def kept_records(root: Path, triton_version: str) -> int:
+    """How many kernels this machine can launch directly from dplr-gen's cache at ``root`` (`dplr-gen doctor`)."""
+    return sum(1 for _ in records_dir(root, triton_version).glob("*.json"))
+
+
 def _record_path(root: Path, triton_version: str, key: str) -> Path:
     return records_dir(root, triton_version) / f"{key}.json"
 

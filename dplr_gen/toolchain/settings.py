@@ -22,7 +22,9 @@ SETTINGS: dict[str, str] = {
     "DPLR_GEN_CACHE_DIR": "a directory for the kernel cache, made absolute (unset or empty: the user's cache folder)",
     "DPLR_GEN_NO_JIT": "1 (never compile at run time: an error names the spec entry to build) or 0, empty or unset "
                        "(compile what the build did not)",
-    "DPLR_GEN_KEEP_STUBS": "1 or unset (keep launch stubs in dplr-gen's cache) or 0 or empty (Triton's cache only)",
+    "DPLR_GEN_KEEP_STUBS": "1 or unset (keep launch stubs and what Triton passes them in dplr-gen's cache; built "
+                           "kernels then launch without Triton) or 0 or empty (Triton's cache only, every launch "
+                           "through Triton)",
     "DPLR_GEN_JIT_JOBS": "a whole number of compile processes for a variant generated on demand, 1 or more "
                          "(0, empty or unset: one per CPU)",
     "DPLR_GEN_SPEC": "the name of a spec under generated/ (empty or unset: the spec whose targets cover the GPU)",
