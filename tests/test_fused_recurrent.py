@@ -191,3 +191,49 @@ def test_state_pool_indices_the_host_does_not_read(pkg, poisoned: None) -> None:
     assert not torch.equal(pool[0], before[0]) and not torch.equal(pool[3], before[3])
     for slot in (1, 2, 4, 5):
         assert torch.equal(pool[slot], before[slot]), slot
+
+
+GATE_SPEC = """
+name: fr_gate
+targets: [sm_90]
+variants:
+  - ops: [fused_recurrent]
+    dtypes: [fp16]
+    head_dims: [32]
+    varlen: [false]
+  - ops: [fused_recurrent]
+    dtypes: [fp16]
+    head_dims: [32]
+    varlen: [false]
+    gate_dtype: same
+  # the gradient through a step reading gk in fp16 takes the any-gate chunk backward of that gate dtype
+  - ops: [chunk]
+    dtypes: [fp16]
+    head_dims: [32]
+    chunk_sizes: [16]
+    varlen: [false]
+    gate_bounds: [null]
+    gate_dtype: same
+"""
+
+
+def test_step_reading_the_gate_in_its_dtype(tmp_path, poisoned: None) -> None:
+    """gk arriving in fp16 is read as it is (no conversion), with the fp32-gate variant's results bit for bit
+    (fp16 -> fp32 is exact); its gradient, through the chunk backward of the same gate dtype, comes back in
+    fp16 and matches the float64 reference."""
+    package = render_package(tmp_path, GATE_SPEC, "fr_gate")
+    x = {n: t.requires_grad_(True) for n, t in rwkv7_inputs(2, 21, 2, 32, dtype=torch.float16, seed=3).items()}
+    assert ops.variant_for(package, "fused_recurrent", x["q"], x["v"], x["gk"]).endswith("gfp16_sfp32")
+    o, ht = ops.fused_recurrent_dplr_delta_rule(**x, output_final_state=True, package=package)
+    x32 = {n: t.detach().clone() for n, t in x.items()}
+    x32["gk"] = x32["gk"].float()
+    assert ops.variant_for(package, "fused_recurrent", x32["q"], x32["v"], x32["gk"]).endswith("gfp32_sfp32")
+    o32, ht32 = ops.fused_recurrent_dplr_delta_rule(**x32, output_final_state=True, package=package)
+    assert torch.equal(o, o32) and torch.equal(ht, ht32)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    grads = torch.autograd.grad((o, ht), list(x.values()), (do, dht))
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in x.items()}
+    ro, rht = naive_dplr_delta_rule(**ref, output_final_state=True)
+    want = torch.autograd.grad((ro, rht), list(ref.values()), (do.double(), dht.double()))
+    for (n, t), g, w in zip(x.items(), grads, want):
+        assert g.dtype == t.dtype and rel_err(g, w) <= 5e-3, (n, rel_err(g, w))
