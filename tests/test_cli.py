@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -107,10 +109,23 @@ def test_clean_keeps_the_kernels_other_specs_use(private_tree: Path) -> None:
     res = runner.invoke(app, ["build", "-j", "1", str(specs["share_b"])])
     assert res.exit_code == 0 and "1 kernels: 0 compiled, 1 found in the kernel cache" in res.output, res.output
     entries = _kernel_entries(private_tree)
+    # direct-launch records a GPU machine would have kept: the shared kernel's, and another kernel's that names
+    # one of the same C modules
+    from dplr_gen.toolchain import launch_direct
+
+    (entry,) = entries
+    tv, key = entry.parents[1].name.removeprefix("triton-"), entry.name
+    records = launch_direct.records_dir(private_tree / "cache", tv)
+    (records / "modules").mkdir(parents=True)
+    for module in ("stub1", "stub2", "utils"):
+        (records / "modules" / f"{module}.so").write_bytes(b"")
+    (records / f"{key}.json").write_text(json.dumps({"stub": "stub1", "utils": "utils"}))
+    (records / "other.json").write_text(json.dumps({"stub": "stub2", "utils": "utils"}))
 
     res = runner.invoke(app, ["clean", str(specs["share_a"])])
     assert res.exit_code == 0, res.output
     assert "share_a: removed the manifest and 0 cached kernels" in res.output and "kept 1" in res.output, res.output
+    assert (records / f"{key}.json").is_file()  # its kernel kept: so is its record
     assert _kernel_entries(private_tree) == entries
     res = runner.invoke(app, ["list", str(specs["share_b"])])
     assert "built" in res.output and "not built" not in res.output and "kernels gone" not in res.output, res.output
@@ -125,6 +140,9 @@ def test_clean_keeps_the_kernels_other_specs_use(private_tree: Path) -> None:
         assert res.exit_code == 0, res.output
     assert "removed the manifest and 1 cached kernels" in res.output and "kept" not in res.output, res.output
     assert not _kernel_entries(private_tree) & entries
+    # the removed kernel's record went, and the C module only it named
+    assert sorted(p.name for p in records.glob("*.json")) == ["other.json"]
+    assert sorted(p.name for p in (records / "modules").iterdir()) == ["stub2.so", "utils.so"]
 
 
 def test_clean_keeps_kernels_of_packages_built_elsewhere(private_tree: Path) -> None:

@@ -107,13 +107,19 @@ def size_of(path: Path) -> int:
 
 
 def remove_entries(entries: Iterable[Entry], root: Path) -> Removed:
+    """Remove cache entries, with the direct-launch records this or another machine kept of them."""
+    from . import launch_direct
+
     out = Removed()
+    gone = []
     for tv, key in sorted(entries):
         d = cache.entry_dir(key, tv, root)
         if d.is_dir():
             out.bytes += size_of(d)
             shutil.rmtree(d, ignore_errors=True)
             out.entries += 1
+            gone.append((tv, key))
+    launch_direct.forget(gone, root)
     return out
 
 

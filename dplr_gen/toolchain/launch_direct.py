@@ -28,7 +28,7 @@ import sysconfig
 import threading
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from . import cache
 
@@ -49,6 +49,34 @@ def records_dir(root: Path, triton_version: str) -> Path:
 def kept_records(root: Path, triton_version: str) -> int:
     """How many kernels this machine can launch directly from dplr-gen's cache at ``root`` (`dplr-gen doctor`)."""
     return sum(1 for _ in records_dir(root, triton_version).glob("*.json"))
+
+
+def forget(entries: Iterable[tuple[str, str]], root: Path) -> int:
+    """Remove the direct records (every platform's) of the cache entries ``entries`` ((Triton version, key),
+    removed by a clean), then the kept C modules no remaining record names; the number of records removed.
+    (A record whose kernel is gone is never used, the loader checks the binary; this keeps the cache tidy.)"""
+    removed = 0
+    by_release: dict[str, set[str]] = {}
+    for tv, key in entries:
+        by_release.setdefault(tv, set()).add(key)
+    for tv, keys in by_release.items():
+        for platform in (Path(root) / f"triton-{tv}" / "direct-launch").glob("*"):
+            for key in keys:
+                rec = platform / f"{key}.json"
+                if rec.is_file():
+                    rec.unlink(missing_ok=True)
+                    removed += 1
+            named: set[str] = set()
+            for rec in platform.glob("*.json"):
+                try:
+                    data = json.loads(rec.read_text())
+                    named |= {data["stub"], data["utils"]}
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+            for module in (platform / "modules").glob("*.so"):
+                if module.stem not in named:
+                    module.unlink(missing_ok=True)
+    return removed
 
 
 def _record_path(root: Path, triton_version: str, key: str) -> Path:
