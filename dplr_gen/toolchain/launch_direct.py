@@ -204,6 +204,7 @@ def keep(kernels: dict[str, LoadedKernel], root: Path, triton_version: str) -> i
     """Capture and store the direct record of each kernel (cache key -> kernel) that has none on this machine;
     the number stored. Best effort: a kernel that cannot be captured keeps Triton's path."""
     stored = 0
+    shas: dict[str, str] = {}  # C module file -> its content hash (one stub serves many kernels)
     for key, k in kernels.items():
         path = _record_path(root, triton_version, key)
         if path.is_file():
@@ -214,12 +215,14 @@ def keep(kernels: dict[str, LoadedKernel], root: Path, triton_version: str) -> i
                 continue
             # the C modules, content-addressed (kernels alike in signature share a stub)
             for field in ("stub_file", "utils_file"):
-                data = Path(rec.pop(field)).read_bytes()
-                sha = hashlib.sha256(data).hexdigest()
-                rec[field.replace("_file", "")] = sha
-                target = _module_path(root, triton_version, sha)
-                if not target.is_file():
-                    cache.atomic_write_bytes(target, data)
+                file = rec.pop(field)
+                if file not in shas:
+                    data = Path(file).read_bytes()
+                    shas[file] = hashlib.sha256(data).hexdigest()
+                    target = _module_path(root, triton_version, shas[file])
+                    if not target.is_file():
+                        cache.atomic_write_bytes(target, data)
+                rec[field.replace("_file", "")] = shas[file]
             cache.atomic_write_text(path, json.dumps(rec, sort_keys=True))  # last: the record says it is whole
             stored += 1
         except Exception:  # noqa: BLE001 - an optimisation: the kernel launches through Triton as before

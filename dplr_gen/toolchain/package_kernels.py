@@ -115,6 +115,15 @@ class _NoRecord(Exception):
     pass
 
 
+def _declared_records(unit_record: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """(kernel name, cache key) of every kernel the unit's source declares, where the build recorded them all;
+    None where it recorded less (a build by an earlier dplr-gen, or of some of the unit's kernels only)."""
+    records = _kernel_records(unit_record)
+    if "declared" not in unit_record or {n for n, _ in records} != set(unit_record["declared"]):
+        return None
+    return records
+
+
 def recorded_kernels(unit: str, manifest: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
     """A built unit's launch tables (``launch.LaunchTables``) and kernels from its manifest record and the launch
     records in its kernels' cache entries, without importing its rendered source; None where the build
@@ -123,8 +132,8 @@ def recorded_kernels(unit: str, manifest: dict[str, Any]) -> tuple[Any, dict[str
     from . import launch
 
     rec = manifest["units"][unit]
-    records = _kernel_records(rec)
-    if "declared" not in rec or {n for n, _ in records} != set(rec["declared"]):
+    records = _declared_records(rec)
+    if records is None:
         return None
     tables = launch.LaunchTables(rec.get("options", {}))
 
@@ -151,9 +160,8 @@ def direct_kernels(unit: str, manifest: dict[str, Any]) -> tuple[Any, dict[str, 
 
     store = stub_store(manifest)
     rec = manifest["units"][unit]
-    records = _kernel_records(rec)
-    if store is None or "declared" not in rec or {n for n, _ in records} != set(rec["declared"]) \
-            or launch_direct.hooks_set():
+    records = _declared_records(rec)
+    if store is None or records is None or launch_direct.hooks_set():
         return None
     root, version = store
     tables = launch.LaunchTables(rec.get("options", {}))
