@@ -171,12 +171,32 @@ class Worker:
         out = {"fwd_ms": fwd_ms, "fwd_bwd_ms": fb_ms, "peak_bytes": peak, "first_fwd_bwd_s": s["first_fwd_bwd_s"],
                "finite": finite, "checksums": s["checksums"], "info": s["info"]}
         if shape.label == HOST_BOUND.label and self.device == "cuda":
-            # host-bound: wall time per call (host and device together) against the device's own time
-            out["wall_fwd_bwd_ms"] = C.wall_ms(fwd_bwd, self.device)
-            try:
-                out["graph_fwd_bwd_ms"] = C.graph_ms(fwd_bwd, self.device)[0]
-            except Exception as e:  # noqa: BLE001 - recorded: a system whose call cannot be captured
-                out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+            out.update(self.host_bound(op, x, do, dht, cu, fwd_bwd))
+        return out
+
+    def host_bound(self, op: Any, x: dict[str, Any], do: Any, dht: Any, cu: Any, fwd_bwd: Any) -> dict[str, Any]:
+        """Wall time per call of calls back to back (host and device together) against the device's own time
+        (the call replayed from a CUDA graph, whose outputs must equal the eager call's), torch's own floor for
+        an op of this form, and the call through torch.cuda.make_graphed_callables."""
+        out: dict[str, Any] = {"wall_fwd_bwd_ms": C.wall_ms(fwd_bwd, self.device)}
+        eager = fwd_bwd()
+        try:
+            ms, replayed, _ = C.graph_ms(fwd_bwd, self.device)
+            diff = C.max_diff(eager, replayed)
+            if diff > 0:  # e.g. kernels launched outside the captured stream: the replay's time is not the call's
+                out["graph_error"] = f"the replay's outputs differ from the eager call's by up to {diff:.3g}"
+            else:
+                out["graph_fwd_bwd_ms"] = ms
+        except Exception as e:  # noqa: BLE001 - recorded: a system whose call cannot be captured
+            out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        floor_fb = C.step_closures(C.floor_op(), x, do, dht)[1]
+        out["torch_floor_wall_ms"] = C.wall_ms(floor_fb, self.device)
+        try:
+            graphed = C.graphed_fwd_bwd(op, x, do, dht, cu)
+            out["graphed_max_diff"] = C.max_diff(eager, graphed())
+            out["graphed_wall_fwd_bwd_ms"] = C.wall_ms(graphed, self.device)
+        except Exception as e:  # noqa: BLE001 - recorded: a system whose call make_graphed_callables refuses
+            out["graphed_error"] = f"{type(e).__name__}: {e}"[:300]
         return out
 
     def decode(self, system: str, B: int) -> dict[str, Any]:
@@ -270,10 +290,13 @@ def summarise(results: dict[str, dict[str, Any]], shapes: list[C.Shape], systems
                                    "floor_fwd_ms": floor["fwd"], "floor_fwd_bwd_ms": floor["fwd_bwd"],
                                    "bytes_fwd": b["fwd"], "bytes_fwd_bwd": b["fwd_bwd"]}
             for k in ("fwd_ms", "fwd_bwd_ms", "peak_bytes", "first_fwd_bwd_s", "finite", "wall_fwd_bwd_ms",
-                      "graph_fwd_bwd_ms", "graph_error"):
+                      "graph_fwd_bwd_ms", "graph_error", "torch_floor_wall_ms", "graphed_wall_fwd_bwd_ms",
+                      "graphed_max_diff", "graphed_error"):
                 row[k] = r.get(k)
-            w, g = row["wall_fwd_bwd_ms"], row["graph_fwd_bwd_ms"]
-            row["wall_vs_device"] = w / g if isinstance(w, (int, float)) and isinstance(g, (int, float)) else None
+            g = row["graph_fwd_bwd_ms"]
+            for k, w in (("wall_vs_device", row["wall_fwd_bwd_ms"]), ("floor_vs_device", row["torch_floor_wall_ms"]),
+                         ("graphed_vs_device", row["graphed_wall_fwd_bwd_ms"])):
+                row[k] = w / g if isinstance(w, (int, float)) and isinstance(g, (int, float)) else None
             for k, f in (("fwd_ms", "fwd"), ("fwd_bwd_ms", "fwd_bwd")):
                 row[f"x_floor_{f}"] = row[k] / floor[f] if isinstance(row[k], (int, float)) else None
                 bv = base.get(k)
@@ -336,9 +359,11 @@ def tables(speed: list[dict[str, Any]], cold: list[dict[str, Any]], acc: dict[st
     host = [r for r in speed if r.get("wall_vs_device") is not None or r.get("graph_error")]
     if host:
         out.append(C.format_table(
-            ["shape", "system", "fwd+bwd wall ms", "device ms (graph replay)", "wall / device", "error"],
+            ["shape", "system", "fwd+bwd wall ms", "device ms (graph replay)", "wall / device",
+             "torch floor / device", "graphed wall / device", "graphed max diff", "error"],
             [[r["shape"], r["system"], r["wall_fwd_bwd_ms"], r["graph_fwd_bwd_ms"], r["wall_vs_device"],
-              (r.get("graph_error") or "")[:60]] for r in host],
+              r["floor_vs_device"], r["graphed_vs_device"], r["graphed_max_diff"],
+              (r.get("graph_error") or r.get("graphed_error") or "")[:60]] for r in host],
             title="host-bound shape: wall time of calls back to back against the device's time"))
     if decode:
         out.append(C.format_table(
@@ -554,7 +579,12 @@ DEFINITIONS = {
                   "every call (every layer of a model), -fresh a new tensor copied from the host each call (a data "
                   "loader's); never cu_seqlens_cpu (fla's layer does not pass it)",
     "wall_fwd_bwd_ms": "host-bound shape: wall time per fwd+bwd of 50 calls back to back (synchronised before and "
-                       "after); graph_fwd_bwd_ms: the same step captured in a CUDA graph, median replay (device time)",
+                       "after); graph_fwd_bwd_ms: the same step captured in a CUDA graph, median replay (device time; "
+                       "graph_error where the replay's outputs differ from the eager call's); torch_floor_wall_ms: "
+                       "the same wall time of an autograd Function with the op's inputs and outputs and one copy "
+                       "a direction (torch's own cost of such an op); graphed_wall_fwd_bwd_ms: the call through "
+                       "torch.cuda.make_graphed_callables (forward and backward replayed, inputs and gradients "
+                       "copied through the graphs' buffers), graphed_max_diff its largest difference from eager",
     "decode": "fused recurrent step, T=1, H=32, D=64, bf16 RWKV-7 inputs, fp32 state in and out, inference mode: "
               "bench_ms do_bench median; wall_ms per call of 200 back to back; graph_ms CUDA graph replay; "
               "graph_replay_matches: a replay from a saved state equals the eager step from it, bit for bit. "

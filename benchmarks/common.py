@@ -588,6 +588,58 @@ def graph_ms(fn: Callable[[], Any], device: Any, warmup: int = 10, rep: int = 50
     return bench_ms(g.replay, device, warmup, rep), out, g
 
 
+def max_diff(a: Any, b: Any) -> float:
+    """The largest absolute difference between two sequences of tensors (inf where a shape differs)."""
+    return max((float((x.float() - y.float()).abs().max()) if x.shape == y.shape else float("inf"))
+               for x, y in zip(a, b))
+
+
+def floor_op() -> Op:
+    """torch's own cost of an op with these inputs and outputs: an autograd Function taking every input leaf,
+    returning o and the final state (one copy each) and, in its backward, a gradient per input (one copy, the
+    rest allocated). What any eager op of this form pays in autograd and dispatch before its own work."""
+    import torch
+
+    class Floor(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *xs: Any) -> Any:
+            ctx.shapes = [t for t in xs]
+            return xs[3].clone(), xs[-1].clone()
+
+        @staticmethod
+        def backward(ctx: Any, do: Any, dht: Any) -> Any:
+            g = [torch.empty_like(t) for t in ctx.shapes]
+            g[3].copy_(do)
+            return tuple(g)
+
+    def op(xl: Mapping[str, Any], cu: Any = None) -> Any:
+        return Floor.apply(*[xl[n] for n in INPUTS if xl.get(n) is not None])
+
+    return op
+
+
+def graphed_fwd_bwd(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None) -> Callable[[], Any]:
+    """forward+backward as step_closures times it, through torch.cuda.make_graphed_callables: the op's forward
+    and backward each captured once and replayed, the inputs and gradients copied through the graphs' buffers
+    (how a host-bound training step takes the host out of the loop)."""
+    import torch
+
+    names = [n for n in INPUTS if xl.get(n) is not None]
+    leaves = [xl[n] for n in names]
+
+    class Call(torch.nn.Module):
+        def forward(self, *xs: Any) -> Any:
+            return op(dict(zip(names, xs)), cu)
+
+    sample = tuple(t.detach().clone().requires_grad_(True) for t in leaves)
+    graphed = torch.cuda.make_graphed_callables(Call(), sample)
+
+    def fwd_bwd() -> Any:
+        return torch.autograd.grad(graphed(*leaves), leaves, (do, dht))
+
+    return fwd_bwd
+
+
 def reference(x: Mapping[str, Any], do: Any, dht: Any, lengths: Sequence[int] | None = None,
               scale: float = 1.0, grads: bool = True) -> dict[str, Any]:
     """float64 ground truth of fwd_bwd on the inputs' device, from dplr_gen.reference.naive_dplr_delta_rule.

@@ -6,7 +6,8 @@ Per case: the call is warmed up on a side stream and captured with static inputs
 varlen, new sequence lengths of the same count) are copied into those inputs, the graph is replayed, and its
 outputs and gradients are compared with an eager call on the new values (relative norm error; the same kernels
 run, so the bound is tight). Cases: chunk_rwkv7 dense with and without lower_bound, varlen with int64 and int32
-cu_seqlens (its values changed between capture and replay), the forward alone; fused_recurrent_rwkv7,
+cu_seqlens (its values changed between capture and replay), the forward alone, forward+backward through
+torch.cuda.make_graphed_callables (graphed once, called on new leaves, against eager); fused_recurrent_rwkv7,
 fused_mul_recurrent_rwkv7 and the state-pool form (ssm_state_indices) as decode steps.
 """
 
@@ -72,6 +73,30 @@ def chunk_case(pkg: Any, lengths: list[int] | None, cu_dtype: str, lower_bound: 
     return {"max_rel_err": _compare(replayed, eager), "outputs": len(replayed)}
 
 
+def graphed_case(pkg: Any, lower_bound: float | None, seed: int) -> dict[str, Any]:
+    """The op through torch.cuda.make_graphed_callables (a host-bound training step's form): forward and
+    backward captured once on sample inputs, then called on new leaves, against an eager call on those."""
+    import torch
+
+    from dplr_gen.runtime import ops
+
+    def op(xl: dict[str, Any], cu: Any = None) -> Any:
+        return ops.chunk_rwkv7(xl["r"], xl["w"], xl["k"], xl["v"], xl["a"], xl["b"], initial_state=xl["h0"],
+                               output_final_state=True, lower_bound=lower_bound, package=pkg)
+
+    x = C.rwkv7_case(1, 1024, 2, 128, dtype=torch.bfloat16, device="cuda", seed=seed)
+    do, dht = C.grad_outputs(x, seed)
+    leaves = C.leaves(x)
+    graphed = C.graphed_fwd_bwd(op, leaves, do, dht)
+    y = C.rwkv7_case(1, 1024, 2, 128, dtype=torch.bfloat16, device="cuda", seed=seed + 1)
+    with torch.no_grad():
+        for n in C.INPUTS:
+            leaves[n].copy_(y[n])
+    got = [t.clone() for t in graphed()]
+    eager = torch.autograd.grad(op(leaves), [leaves[n] for n in C.INPUTS], (do, dht))
+    return {"max_rel_err": _compare(got, eager), "outputs": len(got)}
+
+
 def decode_case(pkg: Any, form: str, seed: int) -> dict[str, Any]:
     import torch
 
@@ -124,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         "chunk varlen int64, lower_bound, fwd+bwd": lambda: chunk_case(pkg, lens, "int64", C.GATE_BOUND, True, 4),
         "chunk varlen int32, no lower_bound, fwd+bwd": lambda: chunk_case(pkg, lens, "int32", None, True, 5),
         "chunk varlen int64, fwd": lambda: chunk_case(pkg, lens, "int64", None, False, 6),
+        "chunk through make_graphed_callables, lower_bound, fwd+bwd": lambda: graphed_case(pkg, C.GATE_BOUND, 10),
+        "chunk through make_graphed_callables, no lower_bound, fwd+bwd": lambda: graphed_case(pkg, None, 11),
         "decode fused_recurrent_rwkv7": lambda: decode_case(pkg, "fused", 7),
         "decode fused_mul_recurrent_rwkv7": lambda: decode_case(pkg, "mul", 8),
         "decode state pool": lambda: decode_case(pkg, "pool", 9),

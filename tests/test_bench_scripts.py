@@ -579,3 +579,43 @@ def test_decode_rows_compare_each_form_with_fla_at_its_batch() -> None:
     assert rows[("dplr-fused", 1)]["wall_ms_vs_fla"] == pytest.approx(0.5)
     assert rows[("dplr-pool", 1)]["wall_ms_vs_fla"] == pytest.approx(0.5)  # the pool is the mul form's
     assert rows[("dplr-mul", 64)]["bench_ms_vs_fla"] is None  # no fla row at that batch
+
+
+def test_hardware_profile_reads_ncu_raw_csv() -> None:
+    """scripts/hardware_profile.py reads ncu's `--csv --page raw --print-units base` output: ncu's own lines
+    skipped, the units row skipped, one record per kernel with each metric asked for by its short name, the DRAM
+    rate from the bytes and the time, and nothing invented for a metric the output lacks."""
+    spec = importlib.util.spec_from_file_location("hardware_profile", REPO / "scripts" / "hardware_profile.py")
+    hp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hp)
+    text = textwrap.dedent('''\
+        ==PROF== Connected to process 123
+        "ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","dram__bytes_write.sum","launch__registers_per_thread"
+        "","","nsecond","byte","byte","register/thread"
+        "0","chunk_dplr_prep_kernel","290,100","500000000","140000000","255"
+        "1","chunk_dplr_bwd_kernel","541,000","1000000000","466000000","168"
+        ==PROF== Disconnected from process 123
+        ''')
+    got = hp.parse_raw_csv(text, hp.METRICS)
+    assert [k["kernel"] for k in got] == ["chunk_dplr_prep_kernel", "chunk_dplr_bwd_kernel"]
+    assert got[0]["time_ns"] == 290100.0 and got[0]["registers"] == 255.0
+    assert got[0]["dram_gb_per_s"] == round(640e6 / 290100, 1)
+    assert got[1]["dram_gb_per_s"] == round(1466e6 / 541000, 1)
+    assert "tensor_mma_pct_active" not in got[0]
+    assert hp.parse_raw_csv("==PROF== no kernels profiled\n", hp.METRICS) == []
+
+
+def test_torch_floor_op_has_the_op_form() -> None:
+    """benchmarks.common.floor_op (the host-bound row's torch floor) takes the op's inputs and gives o, the
+    final state and a gradient of each input's shape, with do passed through to dv; max_diff compares outputs."""
+    x = C.rwkv7_case(1, 16, 2, 8, dtype=torch.float32, device="cpu", seed=0)
+    xl = C.leaves(x)
+    do, dht = C.grad_outputs(x, 0)
+    fwd, fwd_bwd = C.step_closures(C.floor_op(), xl, do, dht)
+    o, ht = fwd()
+    assert o.shape == x["v"].shape and ht.shape == x["h0"].shape
+    grads = fwd_bwd()
+    assert [g.shape for g in grads] == [xl[n].shape for n in C.INPUTS]
+    assert torch.equal(grads[C.INPUTS.index("v")], do)
+    assert C.max_diff([o], [o.clone()]) == 0.0 and C.max_diff([o], [o + 1]) == pytest.approx(1.0, rel=1e-5)
+    assert C.max_diff([o], [ht]) == math.inf
