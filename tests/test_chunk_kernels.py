@@ -451,7 +451,7 @@ def test_state_passes_over_segments(monkeypatch, dtype, K, V, B, T, count, keep)
     seen = []
     rule = chunk_driver.segments
     monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(segments=count))
-    monkeypatch.setattr(chunk_driver, "segments", lambda *a: seen.append(rule(*a)) or seen[-1])
+    monkeypatch.setattr(chunk_driver, "segments", lambda *a, **kw: seen.append(rule(*a, **kw)) or seen[-1])
     v = make_variant(dtype, K=K, V=V)
     check(run_case(v, B=B, T=T, H=2, tune=SEGMENTED, keep_states=keep), TOL[dtype])
     NT = -(-T // 16)
@@ -475,9 +475,17 @@ def test_segments_rule(monkeypatch):
     # the forward's copy runs 4 warps: 2 programs per SM
     assert chunk_driver.segments(ks, small, 64, 2048, gpu) == (4, 32)      # (2, 2048, 8, 128): 264 // 64
     assert chunk_driver.segments(ks, small, 100, 4096, gpu) is None        # two segments would not gain
+    # a pass alone on the device (the forward's) may hold 8 programs an SM where 4 leave fewer than 3 segments;
+    # the forward's copy here runs 4 warps: 2 programs an SM either way
+    assert chunk_driver.segments(ks, small, 100, 4096, gpu, alone=True) is None
+    assert chunk_driver.segments(ks, small, 64, 2048, gpu, alone=True) == (4, 32)  # as without: 4 already
     # the reverse pass's copy runs 1 warp: 4 programs per SM
     rev = "chunk_dplr_bwd_dh_small_kernel"
     assert chunk_driver.segments(ks, rev, 100, 4096, gpu, "segments_bwd") == (5, 52)  # 528 // 100
+    # (4, 4096, 32, 64)'s 256 one-warp programs: none beside another pass, 4 alone (8 an SM)
+    assert chunk_driver.segments(ks, rev, 256, 4096, gpu, "segments_bwd") is None
+    assert chunk_driver.segments(ks, rev, 256, 4096, gpu, "segments_bwd", alone=True) == (4, 64)
+    assert chunk_driver.segments(ks, rev, 600, 4096, gpu, "segments_bwd", alone=True) is None  # 1056 // 600
     assert chunk_driver.segments(ks, small, 8, 800, gpu) == (3, 17)        # 50 chunks: 3 of 16 at most
     assert chunk_driver.segments(ks, small, 8, 700, gpu) is None           # 44 chunks: 2 of 16 at most
     assert chunk_driver.segments(ks, chunk_driver.FWD, 8, 4096, gpu) is None

@@ -98,6 +98,11 @@ def forced(**choices: bool | int | None) -> Iterator[DriverOptions]:
 SEGMENT_MIN_CHUNKS = 16
 SEGMENT_WARPS_PER_SM = 8
 SEGMENT_PROGRAMS_PER_SM = 4
+# The forward's pass has the device to itself (the backward's two passes may share it): where 4 programs an SM
+# leave it fewer than three segments, it may hold up to 8. H200, bf16, forward at (4,4096,32,64), 256 programs
+# a one-walk pass: 0.598 -> 0.550 ms with 4 segments (any gate 0.678 -> 0.638; 2 segments lose, 0.597), the
+# same results bit for bit (docs/design.md, segments).
+SEGMENT_PROGRAMS_PER_SM_ALONE = 8
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -194,15 +199,16 @@ def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device) -> tuple[
 
 
 def segments(ks, name: str, programs: int, T: int, device: torch.device, option: str = "segments",
-             ) -> tuple[int, int] | None:
+             alone: bool = False) -> tuple[int, int] | None:
     """(segments, chunks per segment) of a dense state pass over segments of each sequence, or None for one
     walk per sequence. Only where the variant has that pass (its OPTIONS ``option``: "segments" for the forward's
     and the states-only pass, knob chunk.fwd_small.segments; "segments_bwd" for the reverse pass, knob
     chunk.bwd_dh_small.segments; at most that many; 0 in every varlen variant; 1 or 2 never reach three, so the
     kernels serve context parallelism only) and the small-grid copy ``name`` was chosen for a grid of
     ``programs``: as many segments as keep the pass's grid within SEGMENT_WARPS_PER_SM warps and
-    SEGMENT_PROGRAMS_PER_SM programs per SM, each of at least SEGMENT_MIN_CHUNKS chunks, and at least three
-    (DriverOptions.segments forces the count)."""
+    SEGMENT_PROGRAMS_PER_SM programs per SM (SEGMENT_PROGRAMS_PER_SM_ALONE for a pass that has the device to
+    itself, ``alone``, where the first leaves fewer than three), each of at least SEGMENT_MIN_CHUNKS chunks, and
+    at least three (DriverOptions.segments forces the count)."""
     most = ks.option(option, 0)
     if not most:
         return None
@@ -210,9 +216,13 @@ def segments(ks, name: str, programs: int, T: int, device: torch.device, option:
     if OPTIONS.segments is not None:
         count = OPTIONS.segments
     elif name.endswith("_small_kernel"):
-        per_sm = max(1, min(SEGMENT_PROGRAMS_PER_SM, SEGMENT_WARPS_PER_SM // ks.warps(name)))
-        count = min(most, NT // SEGMENT_MIN_CHUNKS, per_sm * _device_sms(device) // programs)
-        if count < 3:
+        caps = (SEGMENT_PROGRAMS_PER_SM, SEGMENT_PROGRAMS_PER_SM_ALONE) if alone else (SEGMENT_PROGRAMS_PER_SM,)
+        for cap in caps:
+            per_sm = max(1, min(cap, SEGMENT_WARPS_PER_SM // ks.warps(name)))
+            count = min(most, NT // SEGMENT_MIN_CHUNKS, per_sm * _device_sms(device) // programs)
+            if count >= 3:
+                break
+        else:
             return None
     else:
         return None
@@ -472,7 +482,7 @@ def chunk_dplr_fwd(ks, v, q, k, v_, a, b, gk, scale: float, initial_state, cu_se
         gate_check.confirm(promise)
     name, bv = _pass_kernel(ks, FWD, N * H, V, dev)
     args = fwd_pass_args(pr, v_, o, initial_state, h, ht, u, scale, keep_states, T, H, cu_seqlens)
-    seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev)
+    seg = segments(ks, name, N * H * _cdiv(V, bv), T, dev, alone=True)
     if seg is None:
         _launch(ks, name, (N * H, _cdiv(V, bv)), args)
     else:
