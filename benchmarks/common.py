@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -550,16 +551,20 @@ def step_closures(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = No
     return fwd, fwd_bwd
 
 
-def wall_ms(fn: Callable[[], Any], device: Any, n: int = 50) -> float:
-    """Wall time per call of ``n`` calls back to back (the device synchronised before and after): the host's
-    time per call where the host bounds the work, the device's where the device does."""
+def wall_ms(fn: Callable[[], Any], device: Any, n: int = 50, repeats: int = 5) -> float:
+    """Wall time per call of ``n`` calls back to back (the device synchronised before and after), the median of
+    ``repeats`` such runs (a shared host's time per call wanders from run to run): the host's time per call where
+    the host bounds the work, the device's where the device does."""
     fn()
     sync(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    sync(device)
-    return (time.perf_counter() - t0) / n * 1e3
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync(device)
+        runs.append((time.perf_counter() - t0) / n * 1e3)
+    return statistics.median(runs)
 
 
 def capture(fn: Callable[[], Any], warm: int = 3) -> tuple[Any, Any]:
