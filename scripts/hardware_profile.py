@@ -2,8 +2,8 @@
 
     python scripts/hardware_profile.py [--cases dense4x4096,dense8x4096x64,dense8x2048x16x128] [--bounds -0.61]
 
-For each case (scripts/kernel_profile.py's shapes and inputs: bf16 RWKV-7, initial and final states, gradients of
-every input) a child process loads the package, runs the call three times, then one more call between
+For each case (scripts/kernel_profile.py's shapes and call, ``case_call``: bf16 RWKV-7, initial and final states,
+gradients of every input) a child process loads the package, runs the call three times, then one more call between
 cudaProfilerStart and cudaProfilerStop under `ncu --profile-from-start off --clock-control none` (the clocks left
 as the machine runs them). Per kernel it records the time, the DRAM bytes read and written and the rate they
 make, DRAM and SM throughput as a share of their peaks, the tensor pipes' active cycles (mma.sync and, on Hopper,
@@ -93,25 +93,16 @@ def parse_raw_csv(text: str, wanted: dict[str, str]) -> list[dict[str, Any]]:
 def child(case: str, lower_bound: float | None, package: str) -> None:
     import torch
 
-    from benchmarks import common as C
     from dplr_gen.runtime import ops
     from dplr_gen.runtime.loader import package_at
-    from kernel_profile import CASES
+    from kernel_profile import CASES, case_call
 
-    B, T, H, D, lens = CASES[case]
     pkg = package_at(package)
-    x = C.rwkv7_case(B, T, H, D, dtype=torch.bfloat16, device="cuda", seed=0, n_states=len(lens) if lens else None)
-    cu = None if lens is None else torch.tensor(C.cu_seqlens_of(lens), dtype=torch.int64, device="cuda")
-    xl = C.leaves(x)
-    do, dht = C.grad_outputs(x, 1)
-    names = [n for n in ("r", "w", "k", "v", "a", "b", "h0") if xl.get(n) is not None]
 
-    def call() -> Any:
-        o, ht = ops.chunk_rwkv7(xl["r"], xl["w"], xl["k"], xl["v"], xl["a"], xl["b"], scale=1.0,
-                                initial_state=xl["h0"], output_final_state=True, cu_seqlens=cu,
-                                lower_bound=lower_bound, package=pkg)
-        return torch.autograd.grad((o, ht), [xl[n] for n in names], (do, dht))
+    def op(*a: Any, **k: Any) -> Any:
+        return ops.chunk_rwkv7(*a, package=pkg, **k)
 
+    call = case_call(op, CASES[case], lower_bound, "cuda", dry=False)
     for _ in range(3):
         call()
     torch.cuda.synchronize()

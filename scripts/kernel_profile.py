@@ -68,8 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def profile_case(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
-                 device: str, dry: bool, gates: str = "rwkv7") -> dict[str, Any]:
+def case_call(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
+              device: str, dry: bool, gates: str = "rwkv7") -> Any:
+    """One forward+backward of ``op`` (chunk_rwkv7's signature) on a case's inputs, made once: bf16 (fp32 when
+    ``dry``) RWKV-7 inputs with the ``gates`` asked for, cu_seqlens in int64 for varlen cases, gradients of every
+    input and h0 through torch.autograd.grad. (scripts/hardware_profile.py profiles the same call.)"""
     import torch
 
     B, T, H, D, lens = shape
@@ -89,6 +92,14 @@ def profile_case(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | Non
                    output_final_state=True, cu_seqlens=cu, lower_bound=lower_bound)
         return torch.autograd.grad((o, ht), [xl[n] for n in names], (do, dht))
 
+    return call
+
+
+def profile_case(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
+                 device: str, dry: bool, gates: str = "rwkv7") -> dict[str, Any]:
+    import torch
+
+    call = case_call(op, shape, lower_bound, device, dry, gates)
     for _ in range(1 if dry else 3):
         call()
     C.sync(device)
