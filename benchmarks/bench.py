@@ -187,7 +187,9 @@ class Worker:
             graph.replay()
             C.sync(self.device)
             diff = C.max_diff(eager, replayed)
-            if not diff == 0:  # e.g. kernels launched outside the captured stream: the replay's time is not the call's
+            # not equal (NaN included): e.g. kernels launched outside the captured stream, whose time the replay's
+            # is not
+            if not diff == 0:
                 out["graph_error"] = f"the replay's outputs differ from the eager call's by up to {diff:.3g}"
             else:
                 out["graph_fwd_bwd_ms"] = ms
@@ -583,14 +585,15 @@ DEFINITIONS = {
                   "every call (every layer of a model), -fresh a new tensor copied from the host each call (a data "
                   "loader's); never cu_seqlens_cpu (fla's layer does not pass it)",
     "wall_fwd_bwd_ms": "host-bound shape: wall time per fwd+bwd of 50 calls back to back (synchronised before and "
-                       "after; the median of 5 such runs); graph_fwd_bwd_ms: the same step captured in a CUDA graph, median replay (device time; "
-                       "graph_error where the replay's outputs differ from the eager call's); torch_floor_wall_ms: "
-                       "the same wall time of an autograd Function with the op's inputs and outputs and one copy "
+                       "after; the median of 5 such runs); graph_fwd_bwd_ms: the same step captured in a CUDA "
+                       "graph, median replay (device time; graph_error where the replay's outputs differ from "
+                       "the eager call's); torch_floor_wall_ms: the same wall time of an autograd Function with the op's inputs and outputs and one copy "
                        "a direction (torch's own cost of such an op); graphed_wall_fwd_bwd_ms: the call through "
                        "torch.cuda.make_graphed_callables (forward and backward replayed, inputs and gradients "
                        "copied through the graphs' buffers), graphed_max_diff its largest difference from eager",
     "decode": "fused recurrent step, T=1, H=32, D=64, bf16 RWKV-7 inputs, fp32 state in and out, inference mode: "
-              "bench_ms do_bench median; wall_ms per call of 200 back to back (median of 5 runs); graph_ms CUDA graph replay; "
+              "bench_ms do_bench median; wall_ms per call of 200 back to back (median of 5 runs); graph_ms CUDA "
+              "graph replay; "
               "graph_replay_matches: a replay from a saved state equals the eager step from it, bit for bit. "
               "Forms: fused (fused_recurrent_rwkv7, a and b given), mul (fused_mul_recurrent_rwkv7, kk and a given: "
               "fla's RWKV-7 layer's decoding call), pool (dplr-gen's mul form with ssm_state_indices into a pool of "

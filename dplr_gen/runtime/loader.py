@@ -243,7 +243,9 @@ class SpecPackage:
             _refuse_unavoided_miscompiles(entry, target, self.index["variants"][variant]["params"])
         manifest = self.manifest()
         built = not self._not_built(manifest, entry["unit"])
-        if entry["flags"].get("needs_allocator"):
+        # scratch memory is allocated per launch, through Triton: such a unit keeps Triton's path
+        allocator = bool(entry["flags"].get("needs_allocator"))
+        if allocator:
             _set_torch_allocator()
         elif built:  # launched without Triton where this machine keeps the kernels' direct records
             direct = package_kernels.direct_kernels(entry["unit"], manifest)
@@ -253,7 +255,7 @@ class SpecPackage:
         if recorded is not None:  # launched from the build's records: the rendered source is not imported
             tables, aot = recorded
             launch_stubs.warm_launchers(aot.values(), keep_in=self._stub_store(manifest))
-            if not entry["flags"].get("needs_allocator"):
+            if not allocator:
                 package_kernels.keep_direct_records(entry["unit"], manifest, aot)
             return KernelSet(tables, aot)
         module = self._import_unit(entry)
