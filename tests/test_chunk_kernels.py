@@ -431,6 +431,38 @@ def test_small_grid_choice_below_a_multiple_of_the_sms(monkeypatch):
         assert chunk_driver._pass_kernel(ks, name, 264, 48, gpu) == (name, 32)
     assert chunk_driver._pass_kernel(ks, chunk_driver.BWD_DH, 65, 48, gpu)[0] == "chunk_dplr_bwd_dh_small_kernel"
     assert chunk_driver._pass_kernel(ks, chunk_driver.BWD_DH, 66, 48, gpu) == (chunk_driver.BWD_DH, 32)
+    # a grid whose programs hold the device for part of the pass (varlen, mixed lengths) counts at that share
+    assert chunk_driver._pass_kernel(ks, chunk_driver.FWD, 264, 48, gpu, busy=0.99)[0] == "chunk_dplr_fwd_small_kernel"
+    assert chunk_driver._pass_kernel(ks, chunk_driver.FWD, 704, 48, gpu, busy=0.36)[0] == "chunk_dplr_fwd_small_kernel"
+    assert chunk_driver._pass_kernel(ks, chunk_driver.FWD, 704, 48, gpu, busy=0.4) == (chunk_driver.FWD, 32)
+
+
+def test_varlen_forward_counts_its_grid_at_the_occupancy(monkeypatch):
+    """The forward's pass (alone on the device) counts a varlen grid at the occupancy of the starts read on the
+    host; the backward's passes (the states pass beside the reverse pass) count every program."""
+    chosen = []
+    real = chunk_driver._pass_kernel
+
+    def spy(ks, name, NH, V, device, busy=1.0):
+        chosen.append((name, busy))
+        return real(ks, name, NH, V, device, busy)
+
+    monkeypatch.setattr(chunk_driver, "_pass_kernel", spy)
+    v = make_variant("fp32", K=32, V=48, varlen=True)
+    ks = load(v)
+    offsets = [0, 16, 64, 144]
+    T, H = offsets[-1], 2
+    q, k, a, b = (torch.randn(1, T, H, 32) * 0.3 for _ in range(4))
+    vv = torch.randn(1, T, H, 48)
+    gk = -torch.rand(1, T, H, 32) * 0.5
+    cu = torch.tensor(offsets, dtype=torch.int32)
+    h0 = torch.zeros(3, H, 32, 48)
+    o, ht, saved = chunk_driver.chunk_dplr_fwd(ks, v, q, k, vv, a, b, gk, 1.0, h0, cu, False, offsets=offsets)
+    saved["offsets"] = offsets  # as the eager op hands them to the backward
+    chunk_driver.chunk_dplr_bwd(ks, v, saved, torch.randn_like(o), torch.randn_like(ht))
+    busy = dict(chosen)
+    assert busy[chunk_driver.FWD] == pytest.approx(144 / (3 * 80))
+    assert busy[chunk_driver.FWD_H] == 1.0 and busy[chunk_driver.BWD_DH] == 1.0
 
 
 SEGMENTED = {**SMALL, "fwd_small": knobs(block_v=16, num_warps=4, num_stages=2, segments=8),
