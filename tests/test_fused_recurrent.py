@@ -237,3 +237,86 @@ def test_step_reading_the_gate_in_its_dtype(tmp_path, poisoned: None) -> None:
     want = torch.autograd.grad((ro, rht), list(ref.values()), (do.double(), dht.double()))
     for (n, t), g, w in zip(x.items(), grads, want):
         assert g.dtype == t.dtype and rel_err(g, w) <= 5e-3, (n, rel_err(g, w))
+
+
+@pytest.fixture()
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the fused recurrent kernels launched (in order)."""
+    from dplr_gen.runtime import fused_recurrent_driver as fd
+
+    names: list[str] = []
+    real = fd._launch
+
+    def spy(ks, name, grid, args):  # type: ignore[no-untyped-def]
+        names.append(name)
+        return real(ks, name, grid, args)
+
+    monkeypatch.setattr(fd, "_launch", spy)
+    return names
+
+
+STEP, LOOP = "fused_recurrent_dplr_step_kernel", "fused_recurrent_dplr_fwd_kernel"
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-6), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("K, V", [(32, 32), (20, 36)])
+def test_decode_step_takes_the_step_kernel(pkg, poisoned: None, launched: list[str], dtype: torch.dtype,
+                                           bound: float, K: int, V: int) -> None:
+    """T = 1 (a decode step): the kernel without the loop over time, odd head dims (masked tiles) included, equal to
+    the reference; T = 2 keeps the loop."""
+    for T, kernel in ((1, STEP), (2, LOOP)):
+        x = rwkv7_inputs(3, T, 2, K, V, dtype=dtype)
+        launched.clear()
+        with torch.no_grad():
+            o, ht = ops.fused_recurrent_dplr_delta_rule(**x, output_final_state=True, package=pkg)
+        assert launched == [kernel]
+        ro, rht = naive_dplr_delta_rule(**{n: t.double() for n, t in x.items()}, output_final_state=True)
+        assert rel_err(o, ro) <= bound and rel_err(ht, rht) <= bound, T
+
+
+def test_decode_step_varlen_one_token_each(pkg, poisoned: None, launched: list[str]) -> None:
+    """Varlen with as many sequences as tokens (starts read on the host, none empty: one token each) takes the step
+    kernel, equal to the reference; a varlen call with a longer sequence keeps the loop."""
+    for lens, kernel in (([1, 1, 1, 1], STEP), ([1, 2, 1], LOOP)):
+        x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32)
+        x["initial_state"] = torch.randn(len(lens), 2, 32, 32)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        launched.clear()
+        with torch.no_grad():
+            o, ht = ops.fused_recurrent_dplr_delta_rule(**x, output_final_state=True, cu_seqlens=cu, package=pkg)
+        assert launched == [kernel], lens
+        ro, rht = naive_dplr_delta_rule(**{n: t.double() for n, t in x.items()}, output_final_state=True,
+                                        cu_seqlens=cu)
+        assert rel_err(o, ro) <= 1e-6 and rel_err(ht, rht) <= 1e-6, lens
+
+
+def test_decode_step_state_pool_and_mul_form(pkg, poisoned: None, launched: list[str]) -> None:
+    """The step kernel with a state pool (RWKV-7's mul form): slot i read and written in place, a negative slot a
+    padded row, a slot past the pool (indices on the device, not read by the host) NaN outputs and no write."""
+    from dplr_gen.runtime import fused_recurrent_driver as fd
+
+    x = rwkv7_inputs(4, 1, 2, 32, dtype=torch.float32, initial_state=False)
+    kk = torch.nn.functional.normalize(torch.randn_like(x["k"]), dim=-1)
+    rate = torch.rand_like(x["k"])
+    pool = torch.randn(6, 2, 32, 32)
+    before = pool.clone()
+    variant = ops.variant_for(pkg, "fused_recurrent", x["q"], x["v"], x["gk"])
+    ks, var = ops._kernels(pkg.dir_str, variant, x["q"].device)
+    idx = torch.tensor([4, -1, 9, 0], dtype=torch.int32)
+    o, _ = fd.fused_recurrent_dplr_fwd(ks, var, x["q"], x["k"], x["v"], kk, rate, x["gk"], 1.0, pool, None, idx,
+                                       mul_ab=True)
+    assert launched == [STEP]
+    assert torch.isnan(o[2]).all()
+    for i, slot in enumerate(idx.tolist()):
+        if slot >= 6:
+            continue
+        h0 = (before[slot] if slot >= 0 else torch.zeros_like(before[0]))[None].double()
+        one = {n: t[i:i + 1].double() for n, t in x.items() if t is not None}
+        ro, rht = naive_dplr_delta_rule(one["q"], one["k"], one["v"], -kk[i:i + 1].double(),
+                                        (kk * rate)[i:i + 1].double(), one["gk"], scale=1.0, initial_state=h0,
+                                        output_final_state=True)
+        assert rel_err(o[i:i + 1], ro) <= 1e-6, i
+        if slot >= 0:
+            assert rel_err(pool[slot], rht[0]) <= 1e-6, i
+    for slot in (1, 2, 3, 5):
+        assert torch.equal(pool[slot], before[slot]), slot

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dplr_gen.plan.fused_recurrent_plan import FWD, arguments, fused_recurrent_plan, plan_fused_recurrent
+from dplr_gen.plan.fused_recurrent_plan import FWD, STEP, arguments, fused_recurrent_plan, plan_fused_recurrent
 from dplr_gen.render.render import launch
 
 from .helpers import rendered_module, spec_units
@@ -25,14 +25,17 @@ def test_rendered_module_carries_the_plan(spec: str, tmp_path: Path) -> None:
     for u in units:
         plan, ns = fused_recurrent_plan(u), rendered_module(u, tmp_path)
         v = u.variant
-        assert ns["CONSTEXPRS"][FWD] == {"K": v.K, "V": v.V, "BK": plan.block_k, "BV": plan.block_v}, u.name
-        assert ns["LAUNCH"][FWD] == ast.literal_eval(launch(plan.knobs_fwd)), u.name
-        declared = arguments(FWD, plan)
-        assert list(ns["SIGNATURES"]) == [FWD], u.name
-        assert list(ns["SIGNATURES"][FWD].items()) == list(declared.items()), u.name
-        assert list(ns[FWD].arg_names) == [*declared, "K", "V", "BK", "BV"], u.name
-        assert ("cu_seqlens" in declared) == v.varlen and declared["q"] == f"*{v.dtype}", u.name
-        assert declared["gk"] == f"*{v.gate_dtype}", u.name
+        assert list(ns["SIGNATURES"]) == [FWD, STEP], u.name
+        for name, bv, knobs in ((FWD, plan.block_v, plan.knobs_fwd), (STEP, plan.block_v_step, plan.knobs_step)):
+            assert ns["CONSTEXPRS"][name] == {"K": v.K, "V": v.V, "BK": plan.block_k, "BV": bv}, u.name
+            assert ns["LAUNCH"][name] == ast.literal_eval(launch(knobs)), u.name
+            declared = arguments(name, plan)
+            assert list(ns["SIGNATURES"][name].items()) == list(declared.items()), u.name
+            assert list(ns[name].arg_names) == [*declared, "K", "V", "BK", "BV"], u.name
+            assert declared["q"] == f"*{v.dtype}" and declared["gk"] == f"*{v.gate_dtype}", u.name
+        # the loop over time takes the sequences' bounds; the step (one token each) takes neither them nor T
+        assert ("cu_seqlens" in arguments(FWD, plan)) == v.varlen, u.name
+        assert not {"cu_seqlens", "T"} & set(arguments(STEP, plan)), u.name
         seen.add(v.varlen)
     assert seen == {False, True}
 
@@ -50,7 +53,12 @@ def test_tiles(K: int, V: int, bk: int, bv: int) -> None:
 
 
 def test_block_v_knob_is_taken() -> None:
-    assert plan_fused_recurrent(_variant(128, 128), SimpleNamespace(block_v=32)).block_v == 32
+    plan = plan_fused_recurrent(_variant(128, 128), SimpleNamespace(block_v=32))
+    assert (plan.block_v, plan.block_v_step) == (32, 32)  # no step knobs: the step takes the forward's
+    plan = plan_fused_recurrent(_variant(128, 128), SimpleNamespace(block_v=32), SimpleNamespace(block_v=None))
+    assert (plan.block_v, plan.block_v_step) == (32, 64)
+    plan = plan_fused_recurrent(_variant(64, 64), SimpleNamespace(block_v=None), SimpleNamespace(block_v=16))
+    assert (plan.block_v, plan.block_v_step) == (64, 16)
 
 
 def test_bad_inputs_are_named() -> None:

@@ -310,7 +310,7 @@ def _compile(u: "BuildUnit", source: Path, text: str, root: Path, tv: str, jobs:
 def stage_of(op: str, kernel: str) -> str:
     """The tuning stage whose knobs a rendered kernel takes (templates' LAUNCH tables)."""
     if op == "fused_recurrent":
-        return "fwd"
+        return "step" if "_step" in kernel else "fwd"
     name = kernel.removeprefix("chunk_dplr_").removesuffix("_kernel")
     small = "_small" in name or "seg" in name
     if name.startswith("prep"):

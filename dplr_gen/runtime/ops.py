@@ -301,11 +301,11 @@ def _chunk_bwd_impl(
 def _fused_fwd_impl(
     pkg: str, variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, gk: torch.Tensor, h0: torch.Tensor, cu_seqlens: Optional[torch.Tensor], scale: float,
-    state_indices: Optional[torch.Tensor] = None, mul_ab: bool = False,
+    state_indices: Optional[torch.Tensor] = None, mul_ab: bool = False, one_token: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     ks, var = _kernels(pkg, variant, q.device)
     return fused_recurrent_driver.fused_recurrent_dplr_fwd(ks, var, q, k, v, a, b, gk, scale, h0, cu_seqlens,
-                                                           state_indices, mul_ab)
+                                                           state_indices, mul_ab, one_token)
 
 
 @functools.cache
@@ -550,7 +550,10 @@ def _run(
             o, ht = _chunk_fwd_run(pkg, variant, *args, cu, info["scale"], False, False, info["offsets"] or None,
                                    kernel_bound)[:2]
         else:
-            o, ht = _fused_fwd_impl(pkg, variant, *args, cu, info["scale"], state_indices, mul_ab)
+            # varlen starts read on the host (and checked: no empty sequence): as many sequences as tokens is one
+            # token each, the decode step's kernel
+            one_token = info["offsets"] is not None and info["N"] == info["T"]
+            o, ht = _fused_fwd_impl(pkg, variant, *args, cu, info["scale"], state_indices, mul_ab, one_token)
     elif not torch.compiler.is_compiling():
         # the forward that keeps the states runs the backward's prep too (_EagerOp)
         # (the sequence starts as read on the host for the checks: the varlen slot maps are built from them)

@@ -23,7 +23,7 @@ NAME_PATTERN = r"^[a-z][a-z0-9_]*$"  # a spec's name: a Python package name unde
 
 # Stages (one kernel each) that tuning may name, per op; templates read knobs by these names.
 STAGES: dict[str, tuple[str, ...]] = {
-    "fused_recurrent": ("fwd",),
+    "fused_recurrent": ("fwd", "step"),
     "chunk": ("prep", "fwd", "bwd_dh", "bwd", "fwd_small", "bwd_dh_small"),
 }
 # Stages that exist only where a spec gives them knobs, each a second compiled copy of another stage's kernels

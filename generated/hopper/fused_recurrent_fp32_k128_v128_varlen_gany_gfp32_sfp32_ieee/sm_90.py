@@ -13,6 +13,39 @@ import triton.language as tl
 
 
 @triton.jit
+def _state_slot(i_n, i_h, state_idx, H, n_slots, use_idx, m_kv, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
+    """(offsets of the sequence's state tile, its mask, whether its slot is out of the pool)."""
+    i_s = i_n.to(tl.int64)
+    if use_idx != 0:
+        i_s = tl.load(state_idx + i_n).to(tl.int64)
+    bad = i_s >= n_slots
+    m_s = m_kv & (i_s >= 0) & (i_s < n_slots)
+    p_h = (i_s * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
+    return p_h, m_s, bad
+
+
+@triton.jit
+def _token(S, q, k, v, a, b, gk, o, p_k, p_v, m_k, m_v, bad, scale, mul_ab):
+    """One token's step of the state tile S (returned), writing the token's output."""
+    b_q = tl.load(q + p_k, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k + p_k, mask=m_k, other=0.0).to(tl.float32)
+    b_a = tl.load(a + p_k, mask=m_k, other=0.0).to(tl.float32)
+    b_b = tl.load(b + p_k, mask=m_k, other=0.0).to(tl.float32)
+    if mul_ab != 0:
+        b_b = b_a * b_b
+        b_a = -b_a
+    b_g = tl.load(gk + p_k, mask=m_k, other=0.0).to(tl.float32)
+    b_v = tl.load(v + p_v, mask=m_v, other=0.0).to(tl.float32)
+    # u = a^T S uses the state before this step's decay, as the recurrence says
+    b_u = tl.sum(b_a[:, None] * S, axis=0)
+    S = tl.exp(b_g)[:, None] * S + b_b[:, None] * b_u[None, :] + b_k[:, None] * b_v[None, :]
+    b_o = tl.sum(S * b_q[:, None], axis=0) * scale
+    b_o = tl.where(bad, float("nan"), b_o)
+    tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_v)
+    return S
+
+
+@triton.jit
 def fused_recurrent_dplr_fwd_kernel(
     q, k, v, a, b, gk, o, h0, ht, state_idx,
     cu_seqlens,
@@ -34,33 +67,38 @@ def fused_recurrent_dplr_fwd_kernel(
     # 64-bit offsets: B*T*H*K may exceed 2**31
     p_k = (bos * H + i_h) * K + o_k
     p_v = (bos * H + i_h) * V + o_v
-    i_s = i_n.to(tl.int64)
-    if use_idx != 0:
-        i_s = tl.load(state_idx + i_n).to(tl.int64)
-    bad = i_s >= n_slots
-    m_s = m_kv & (i_s >= 0) & (i_s < n_slots)
-    p_h = (i_s * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
+    p_h, m_s, bad = _state_slot(i_n, i_h, state_idx, H, n_slots, use_idx, m_kv, o_k, o_v, K, V)
     S = tl.load(h0 + p_h, mask=m_s, other=0.0).to(tl.float32)
     t = bos
     while t < eos:  # a while loop: Triton's interpreter cannot run range() over loaded bounds
-        b_q = tl.load(q + p_k, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(k + p_k, mask=m_k, other=0.0).to(tl.float32)
-        b_a = tl.load(a + p_k, mask=m_k, other=0.0).to(tl.float32)
-        b_b = tl.load(b + p_k, mask=m_k, other=0.0).to(tl.float32)
-        if mul_ab != 0:
-            b_b = b_a * b_b
-            b_a = -b_a
-        b_g = tl.load(gk + p_k, mask=m_k, other=0.0).to(tl.float32)
-        b_v = tl.load(v + p_v, mask=m_v, other=0.0).to(tl.float32)
-        # u = a^T S uses the state before this step's decay, as the recurrence says
-        b_u = tl.sum(b_a[:, None] * S, axis=0)
-        S = tl.exp(b_g)[:, None] * S + b_b[:, None] * b_u[None, :] + b_k[:, None] * b_v[None, :]
-        b_o = tl.sum(S * b_q[:, None], axis=0) * scale
-        b_o = tl.where(bad, float("nan"), b_o)
-        tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_v)
+        S = _token(S, q, k, v, a, b, gk, o, p_k, p_v, m_k, m_v, bad, scale, mul_ab)
         p_k += H * K
         p_v += H * V
         t += 1
+    tl.store(ht + p_h, S, mask=m_s)
+
+
+@triton.jit
+def fused_recurrent_dplr_step_kernel(
+    q, k, v, a, b, gk, o, h0, ht, state_idx, scale, H, n_slots, use_idx, mul_ab,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    # every sequence one token long (a decode step): sequence n's token is token n, and no loop stands between
+    # the state's load and the token's
+    i_nh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    p_k = i_nh.to(tl.int64) * K + o_k
+    p_v = i_nh.to(tl.int64) * V + o_v
+    p_h, m_s, bad = _state_slot(i_n, i_h, state_idx, H, n_slots, use_idx, m_kv, o_k, o_v, K, V)
+    S = tl.load(h0 + p_h, mask=m_s, other=0.0).to(tl.float32)
+    S = _token(S, q, k, v, a, b, gk, o, p_k, p_v, m_k, m_v, bad, scale, mul_ab)
     tl.store(ht + p_h, S, mask=m_s)
 
 
@@ -71,10 +109,17 @@ SIGNATURES = {
         "cu_seqlens": "*i32",
         "scale": "fp32", "T": "i32", "H": "i32", "n_slots": "i32", "use_idx": "i32", "mul_ab": "i32",
     },
+    "fused_recurrent_dplr_step_kernel": {
+        "q": "*fp32", "k": "*fp32", "v": "*fp32", "a": "*fp32", "b": "*fp32",
+        "gk": "*fp32", "o": "*fp32", "h0": "*fp32", "ht": "*fp32", "state_idx": "*i32",
+        "scale": "fp32", "H": "i32", "n_slots": "i32", "use_idx": "i32", "mul_ab": "i32",
+    },
 }
 CONSTEXPRS = {
     "fused_recurrent_dplr_fwd_kernel": {"K": 128, "V": 128, "BK": 128, "BV": 64},
+    "fused_recurrent_dplr_step_kernel": {"K": 128, "V": 128, "BK": 128, "BV": 64},
 }
 LAUNCH = {
     "fused_recurrent_dplr_fwd_kernel": {"num_warps": 4, "num_stages": 2},
+    "fused_recurrent_dplr_step_kernel": {"num_warps": 4, "num_stages": 2},
 }
