@@ -53,7 +53,7 @@ def test_build_then_noop_rebuild(small_spec: Path, tmp_path: Path) -> None:
     out = tmp_path / "gen"
     report = b.build(small_spec, jobs=2, out_root=out)
     assert not report.failures, [f.error for f in report.failures]
-    assert report.kernels == 4
+    assert report.kernels == 8  # 4 units x (the loop kernel, the decode step's)
     manifest = json.loads((out / "small" / "manifest.json").read_text())
     assert set(manifest["units"]) == {u.name for u in b.plan(small_spec, out).units}
     for unit in manifest["units"].values():
@@ -220,13 +220,13 @@ def test_build_keeps_launch_stubs_for_every_built_kernel(small_spec: Path, tmp_p
     monkeypatch.setattr(launch_stubs, "warm_launchers", lambda ks, keep_in=None: seen.append((list(ks), keep_in)))
     n = loader.package_at(out / "small").build_launch_stubs()
     manifest = json.loads((out / "small" / "manifest.json").read_text())
-    assert n == sum(len(u["kernels"]) for u in manifest["units"].values()) == 4
+    assert n == sum(len(u["kernels"]) for u in manifest["units"].values()) == 8
     (kernels, keep_in), = seen
     assert {k.compiled.name for k in kernels} == {k["kernel"] for u in manifest["units"].values() for k in u["kernels"]}
     assert keep_in == (Path(manifest["cache_root"]), manifest["triton_version"])
     # the build's own path (where a GPU is usable) finds the same kernels without the runtime's loader
     monkeypatch.setattr(b, "_cuda_usable", lambda: True)
-    assert "built or found for 4 kernels" in b.build_launch_stubs(out / "small")
+    assert "built or found for 8 kernels" in b.build_launch_stubs(out / "small")
     assert {k.compiled.name for k in seen[-1][0]} == {k.compiled.name for k in kernels}
     (out / "small" / "manifest.json").unlink()
     with pytest.raises(loader.NotBuiltError, match="dplr-gen build"):

@@ -34,14 +34,14 @@ def packed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path,
 
 def test_pack_holds_launch_files_only(packed: tuple[Path, Path, dict]) -> None:
     _, archive, record = packed
-    assert record["kernels"] == 4 and record["targets"] == ["sm_80", "sm_90"]
+    assert record["kernels"] == 8 and record["targets"] == ["sm_80", "sm_90"]
     assert record["triton_version"] == str(triton_version())
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert kernel_pack.PACK_META in names
     suffixes = {n.rsplit("/", 1)[-1].rsplit(".", 1)[-1] for n in names if n != kernel_pack.PACK_META}
     assert suffixes == {"json", "cubin"}  # meta.json, the kernel's metadata and its binary; no ttgir, ptx, ...
-    assert sum(n.endswith("/meta.json") for n in names) == 4
+    assert sum(n.endswith("/meta.json") for n in names) == 8  # 4 units x 2 kernels
 
 
 def test_unpack_then_build_compiles_nothing_and_loads(packed: tuple[Path, Path, dict], tmp_path: Path,
@@ -50,11 +50,11 @@ def test_unpack_then_build_compiles_nothing_and_loads(packed: tuple[Path, Path, 
     other = tmp_path / "other-cache"
     monkeypatch.setenv("DPLR_GEN_CACHE_DIR", str(other))
     got = kernel_pack.unpack(archive, str(triton_version()))
-    assert (got.spec, got.added, got.kept) == ("small", 4, 0)
+    assert (got.spec, got.added, got.kept) == ("small", 8, 0)
     again = kernel_pack.unpack(archive, str(triton_version()))
-    assert (again.added, again.kept) == (0, 4)  # entries already there are kept
+    assert (again.added, again.kept) == (0, 8)  # entries already there are kept
     report = b.build(spec, jobs=2, out_root=tmp_path / "gen2")
-    assert not report.failures and report.kernels == 4
+    assert not report.failures and report.kernels == 8
     compiled = [(o.unit, o.compiled) for o in report.outcomes if o.compiled]
     assert len(report.outcomes) == 4 and not compiled, compiled
     # the runtime's loader finds every kernel in the unpacked cache

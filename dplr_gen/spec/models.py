@@ -21,7 +21,8 @@ ChunkSize = Literal[16, 32, 64]
 HeadDim = Annotated[int, Field(ge=HEAD_DIM_MIN, le=HEAD_DIM_MAX)]
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"  # a spec's name: a Python package name under generated/
 
-# Stages (one kernel each) that tuning may name, per op; templates read knobs by these names.
+# Stages (one kernel each) that tuning may name, per op; templates read knobs by these names. fused_recurrent.step:
+# the decode step's kernel (every sequence one token long), fused_recurrent.fwd the loop over tokens.
 STAGES: dict[str, tuple[str, ...]] = {
     "fused_recurrent": ("fwd", "step"),
     "chunk": ("prep", "fwd", "bwd_dh", "bwd", "fwd_small", "bwd_dh_small"),
