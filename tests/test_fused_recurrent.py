@@ -320,3 +320,27 @@ def test_decode_step_state_pool_and_mul_form(pkg, poisoned: None, launched: list
             assert rel_err(pool[slot], rht[0]) <= 1e-6, i
     for slot in (1, 2, 3, 5):
         assert torch.equal(pool[slot], before[slot]), slot
+
+
+def test_decode_step_varlen_pool(pkg, poisoned: None, launched: list[str]) -> None:
+    """A serving step: varlen with one token each and a state pool (host indices, a padded row) takes the step
+    kernel and equals a dense call per sequence from its slot; the slots not named are untouched."""
+    x = rwkv7_inputs(1, 3, 2, 32, dtype=torch.float32, initial_state=False)
+    x.pop("initial_state", None)
+    cu = torch.tensor([0, 1, 2, 3])
+    pool = torch.randn(5, 2, 32, 32)
+    before = pool.clone()
+    idx = torch.tensor([3, -1, 1])
+    with torch.no_grad():
+        o, _ = ops.fused_recurrent_dplr_delta_rule(**x, initial_state=pool, ssm_state_indices=idx, cu_seqlens=cu,
+                                                   package=pkg)
+    assert launched == [STEP]
+    for i, slot in enumerate(idx.tolist()):
+        one = {n: t[:, i:i + 1].double() for n, t in x.items()}
+        h0 = (before[slot] if slot >= 0 else torch.zeros_like(before[0]))[None].double()
+        ro, rht = naive_dplr_delta_rule(**one, initial_state=h0, output_final_state=True)
+        assert rel_err(o[:, i:i + 1], ro) <= 1e-6, i
+        if slot >= 0:
+            assert rel_err(pool[slot], rht[0]) <= 1e-6, i
+    for slot in (0, 2, 4):
+        assert torch.equal(pool[slot], before[slot]), slot
