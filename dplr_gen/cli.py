@@ -594,7 +594,16 @@ def compat(
         if why:
             _say(err, f"{path} is stale:\n  " + "\n  ".join(why) + "\nregenerate it with: " + c.rerun_command(data))
             raise typer.Exit(EXIT_BUILD_FAILED)
-        _say(out, f"{path} matches the templates, quirk registry and specs")
+        # current, but a cell failed: the templates do not compile somewhere the specs promise (fix the template,
+        # or record the failure in the quirk registry so the cell is refused with its reason)
+        failed = [cell for cell in data.get("cells", []) if cell["status"] == "failed"]
+        if failed:
+            for cell in failed:
+                _say(err, ("FAILED", "bold red"), f" {cell['spec']} {cell['target']} Triton {cell['triton']}: "
+                     f"{c._short_error(cell.get('error') or '', 400)}")
+            _say(err, f"{path} matches the tree but {len(failed)} of its cells failed to build")
+            raise typer.Exit(EXIT_BUILD_FAILED)
+        _say(out, f"{path} matches the templates, quirk registry and specs, and every cell built or was refused")
         return
 
     spec_args = [x for s in [*(specs or []), *(extra_specs or [])] for x in s.split(",") if x]

@@ -306,6 +306,15 @@ def test_compat_check_command(tmp_path: Path) -> None:
     (out / "compat.json").write_text(json.dumps(data))
     res = CliRunner().invoke(app, ["compat", "--check", "--out", str(out)])
     assert res.exit_code == 0, res.output
+    # current, but a cell failed to build: refused too (the template must compile wherever the specs promise)
+    cells = [c._cell("hopper", "sm_90", "3.1.0"), c._cell("hopper", "sm_90", "3.2.0")]
+    cells[0].update(status="built")
+    cells[1].update(status="failed", error="chunk_fp16_k128 unit: MLIR pass manager failed")
+    (out / "compat.json").write_text(json.dumps({**data, "cells": cells}))
+    res = CliRunner().invoke(app, ["compat", "--check", "--out", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "FAILED hopper sm_90 Triton 3.2.0: chunk_fp16_k128 unit: MLIR pass manager failed" in res.output
+    assert "1 of its cells failed to build" in res.output
     data["source"]["templates"]["chunk_dplr.py.jinja"] = "0" * 16
     (out / "compat.json").write_text(json.dumps(data))
     res = CliRunner().invoke(app, ["compat", "--check", "--out", str(out)])
