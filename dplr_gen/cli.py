@@ -596,12 +596,9 @@ def compat(
             raise typer.Exit(EXIT_BUILD_FAILED)
         # current, but a cell failed: the templates do not compile somewhere the specs promise (fix the template,
         # or record the failure in the quirk registry so the cell is refused with its reason)
-        failed = [cell for cell in data.get("cells", []) if cell["status"] == "failed"]
+        failed = _say_failed_cells(data.get("cells", []))
         if failed:
-            for cell in failed:
-                _say(err, ("FAILED", "bold red"), f" {cell['spec']} {cell['target']} Triton {cell['triton']}: "
-                     f"{c._short_error(cell.get('error') or '', 400)}")
-            _say(err, f"{path} matches the tree but {len(failed)} of its cells failed to build")
+            _say(err, f"{path} matches the tree but {failed} of its cells failed to build")
             raise typer.Exit(EXIT_BUILD_FAILED)
         _say(out, f"{path} matches the templates, quirk registry and specs, and every cell built or was refused")
         return
@@ -654,13 +651,22 @@ def compat(
     counts: dict[str, int] = {}
     for cell in data["cells"]:
         counts[cell["status"]] = counts.get(cell["status"], 0) + 1
-        if cell["status"] == "failed":
-            _say(err, ("FAILED", "bold red"), f" {cell['spec']} {cell['target']} Triton {cell['triton']}: "
-                 f"{c._short_error(cell['error'], 400)}")
+    _say_failed_cells(data["cells"])
     _say(out, f"{len(data['cells'])} cells: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
          + f"; {data['wall_seconds']:.0f} s -> {md}, {j}")
     if c.any_failed(data):
         raise typer.Exit(EXIT_BUILD_FAILED)
+
+
+def _say_failed_cells(cells: list[dict]) -> int:
+    """A FAILED line on stderr for each failed cell of a compatibility matrix; how many there were."""
+    from .tools import compat as c
+
+    failed = [cell for cell in cells if cell["status"] == "failed"]
+    for cell in failed:
+        _say(err, ("FAILED", "bold red"), f" {cell['spec']} {cell['target']} Triton {cell['triton']}: "
+             f"{c._short_error(cell.get('error') or '', 400)}")
+    return len(failed)
 
 
 def main() -> None:

@@ -344,3 +344,18 @@ def test_decode_step_varlen_pool(pkg, poisoned: None, launched: list[str]) -> No
             assert rel_err(pool[slot], rht[0]) <= 1e-6, i
     for slot in (0, 2, 4):
         assert torch.equal(pool[slot], before[slot]), slot
+
+
+def test_decode_step_delta_rule_inputs_and_extreme_gates(pkg, poisoned: None, launched: list[str]) -> None:
+    """The step kernel on delta-rule inputs (b = -a) with full resets (gk = -inf) and no-decay channels (gk = 0) in
+    one step: finite, equal to the reference."""
+    x = rwkv7_inputs(4, 1, 2, 20, 36, dtype=torch.float32)
+    x["b"] = -x["a"]
+    x["gk"][..., :5] = float("-inf")
+    x["gk"][..., 5:9] = 0.0
+    with torch.no_grad():
+        o, ht = ops.fused_recurrent_dplr_delta_rule(**x, output_final_state=True, package=pkg)
+    assert launched == [STEP]
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    ro, rht = naive_dplr_delta_rule(**{n: t.double() for n, t in x.items()}, output_final_state=True)
+    assert rel_err(o, ro) <= 1e-6 and rel_err(ht, rht) <= 1e-6
