@@ -567,6 +567,10 @@ def compat(
     sample: bool = typer.Option(
         True, "--sample/--full", help="sample: per (spec, arch, Triton) one variant per family (op, gate mode, "
         "dtype, gate dtype, varlen) at the largest head dim; full: every variant"),
+    pairwise: bool = typer.Option(
+        False, "--pairwise", help="with --sample: of the families that differ only in the gate's dtype, one, so that "
+        "every pair of (gate mode, varlen, gate dtype) values still meets per (arch, op, dtype): about half the "
+        "compiles (CI's oldest releases)"),
     jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, metavar="N", help="compiles run in parallel"),
     targets: Optional[str] = typer.Option(None, "--targets", metavar="ARCHS", help="only these archs, e.g. sm_80,sm_90"),
     ops: Optional[str] = typer.Option(None, "--ops", metavar="OPS", help="only these ops: chunk, fused_recurrent"),
@@ -624,7 +628,10 @@ def compat(
         raise _fail(f"unknown dtype(s) {sorted(set(dtype_list) - {'bf16', 'fp16', 'fp32'})}; dtypes are bf16, fp16, fp32")
     target_list = [x if x.startswith("sm_") else f"sm_{x}" for x in (targets or "").split(",") if x] or None
     # the exact command, normalized: what the header of docs/compat.md says to rerun
+    if pairwise and not sample:
+        raise _fail("--pairwise thins the sample: it does not go with --full")
     words = ["dplr-gen", "compat", "--sample" if sample else "--full"]
+    words += ["--pairwise"] if pairwise else []
     words += ["--triton", ",".join(map(str, versions))] if triton else []
     words += ["--specs", *spec_args] if spec_args else []
     words += ["--targets", ",".join(target_list)] if target_list else []
@@ -636,9 +643,9 @@ def compat(
     words += ["--out", str(out_dir)] if out_dir else []
     command = shlex.join(words) + ("" if triton else f"{c.RELEASES_NOTE}{', '.join(map(str, versions))})")
     _say(err, f"compat: Triton {', '.join(map(str, versions))}; specs {', '.join(map(str, spec_paths))}; "
-         f"{'sample' if sample else 'full'}; {jobs} jobs")
+         f"{('pairwise sample' if pairwise else 'sample') if sample else 'full'}; {jobs} jobs")
     opts = c.Options(
-        specs=spec_paths, versions=versions, sample=sample, jobs=jobs, targets=target_list, ops=op_list,
+        specs=spec_paths, versions=versions, sample=sample, pairwise=pairwise, jobs=jobs, targets=target_list, ops=op_list,
         dtypes=dtype_list,
         kernel_cache=kernel_cache, timeout=timeout, command=command,
     )

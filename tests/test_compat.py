@@ -125,6 +125,41 @@ def test_sample_one_per_family_at_largest_head_dim() -> None:
     assert c.sample_units(list(reversed(units)))[0] == list(reversed(chosen))  # order-independent choice
 
 
+def test_pairwise_sample_covers_every_pair_with_fewer_families() -> None:
+    spec = load_spec(REPO_ROOT / "specs" / "hopper.yaml")
+    units, _ = build_units(spec, Version("3.1.0"))
+    full, _ = c.sample_units(units)
+    chosen, skipped = c.sample_units(units, pairwise=True)
+    assert len(chosen) + len(skipped) == len(units)
+    assert set(u.name for u in chosen) < set(u.name for u in full)
+    # the chunk units, most of the compile time, drop by a third
+    assert sum(u.variant.op == "chunk" for u in chosen) <= 2 / 3 * sum(u.variant.op == "chunk" for u in full)
+
+    def group(u):  # type: ignore[no-untyped-def]
+        return (u.target, u.variant.op, u.variant.dtype)
+
+    def factors(u):  # type: ignore[no-untyped-def]
+        gate = "own" if u.variant.gate_dtype == u.variant.dtype else "fp32"
+        return {"mode": c.gate_mode(u), "varlen": u.variant.varlen, "gate": gate}
+
+    # every (target, op, dtype, gate mode, varlen) of the sample is kept, one gate dtype each where the group
+    # has both gate modes (else two families could not cover varlen x gate dtype: all are kept)
+    coarse = {(*group(u), c.gate_mode(u), u.variant.varlen) for u in full}
+    assert {(*group(u), c.gate_mode(u), u.variant.varlen) for u in chosen} == coarse
+    two_modes = [u for u in chosen if len({c.gate_mode(x) for x in full if group(x) == group(u)}) == 2]
+    kept = [(*group(u), c.gate_mode(u), u.variant.varlen) for u in two_modes]
+    assert kept and len(kept) == len(set(kept))
+    # within each group, every pair of two factors' values that the sample has, the pairwise sample has too
+    for g in {group(u) for u in full}:
+        have = [factors(u) for u in full if group(u) == g]
+        got = [factors(u) for u in chosen if group(u) == g]
+        for x, y in (("mode", "varlen"), ("mode", "gate"), ("varlen", "gate")):
+            assert {(f[x], f[y]) for f in have} == {(f[x], f[y]) for f in got}, (g, x, y)
+    # Hopper's 16-bit chunk variants read the gate in both dtypes, and keep both in the pairwise sample
+    for dt in ("bf16", "fp16"):
+        assert {u.variant.gate_dtype for u in chosen if u.variant.op == "chunk" and u.variant.dtype == dt} == {dt, "fp32"}
+
+
 def test_default_versions_latest_patch_per_minor() -> None:
     avail = [Version(x) for x in "3.9.0 3.8.0 3.7.1 3.7.0 3.5.1 3.5.0 3.3.1 3.3.0 3.2.0 3.1.0 3.0.0 2.3.1 "
              "3.10.0rc1".split()]
@@ -251,6 +286,14 @@ def test_end_to_end_installed_triton(tmp_path: Path) -> None:
     unit = cell80["units"][0]
     assert unit["ok"] and unit["kernels"] and unit["kernels"][0]["compile_s"] > 0
     assert data["versions"][0]["env"] == "installed (this interpreter)"
+
+
+def test_pairwise_is_refused_with_full(tmp_path: Path) -> None:
+    from dplr_gen.cli import app
+
+    res = CliRunner().invoke(app, ["compat", "--full", "--pairwise", "--triton", "3.1.0", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "--pairwise" in res.output and "--full" in res.output
+    assert not list(tmp_path.iterdir())
 
 
 def test_docs_compat_matches_the_tree() -> None:
