@@ -580,6 +580,10 @@ def compat(
     kernel_cache: Optional[Path] = typer.Option(
         None, "--kernel-cache", metavar="DIR", help="keep compiled kernels here across runs (default: a temporary folder, so "
         "every kernel is compiled and checked afresh and the user's cache is untouched)"),
+    reuse: Optional[Path] = typer.Option(
+        None, "--reuse", metavar="FILE", help="a previous matrix's compat.json (e.g. docs/compat.json): a unit whose "
+        "rendered source, arch and release it records as built keeps that result instead of being compiled again "
+        "(after a template change, only the units whose source changed compile)"),
     timeout: float = typer.Option(900.0, "--timeout", metavar="SECONDS", help="seconds per unit before its compile counts as FAILED"),
     check: bool = typer.Option(False, "--check", help="build nothing: exit 1 if docs/compat.json (or --out's) no longer "
                                "matches the templates, quirk registry and specs in the tree"),
@@ -628,6 +632,8 @@ def compat(
         raise _fail(f"unknown dtype(s) {sorted(set(dtype_list) - {'bf16', 'fp16', 'fp32'})}; dtypes are bf16, fp16, fp32")
     target_list = [x if x.startswith("sm_") else f"sm_{x}" for x in (targets or "").split(",") if x] or None
     # the exact command, normalized: what the header of docs/compat.md says to rerun
+    if reuse is not None and not reuse.is_file():
+        raise _fail(f"--reuse {reuse}: no such file (a compat.json that `dplr-gen compat` wrote)")
     if pairwise and not sample:
         raise _fail("--pairwise thins the sample: it does not go with --full")
     words = ["dplr-gen", "compat", "--sample" if sample else "--full"]
@@ -640,6 +646,7 @@ def compat(
     words += ["--jobs", str(jobs)]
     words += ["--timeout", f"{timeout:g}"] if timeout != 900.0 else []
     words += ["--kernel-cache", str(kernel_cache)] if kernel_cache else []
+    words += ["--reuse", str(reuse)] if reuse else []
     words += ["--out", str(out_dir)] if out_dir else []
     command = shlex.join(words) + ("" if triton else f"{c.RELEASES_NOTE}{', '.join(map(str, versions))})")
     _say(err, f"compat: Triton {', '.join(map(str, versions))}; specs {', '.join(map(str, spec_paths))}; "
@@ -647,7 +654,7 @@ def compat(
     opts = c.Options(
         specs=spec_paths, versions=versions, sample=sample, pairwise=pairwise, jobs=jobs, targets=target_list, ops=op_list,
         dtypes=dtype_list,
-        kernel_cache=kernel_cache, timeout=timeout, command=command,
+        kernel_cache=kernel_cache, timeout=timeout, command=command, reuse=reuse,
     )
     try:
         data = c.run(opts, log=lambda m: _say(err, m),

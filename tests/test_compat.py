@@ -288,6 +288,49 @@ def test_end_to_end_installed_triton(tmp_path: Path) -> None:
     assert data["versions"][0]["env"] == "installed (this interpreter)"
 
 
+@pytest.mark.skipif(installed_triton() is None, reason="needs an installed Triton")
+def test_reuse_compiles_only_the_units_whose_source_changed(tmp_path: Path) -> None:
+    """--reuse: a second run over the same tree keeps every built unit of the first (nothing compiled, the same
+    cells); where a recorded source hash no longer matches (a template change), that unit alone is compiled
+    again, and a unit recorded as failed is always compiled again."""
+    from dplr_gen.cli import app
+
+    tv = str(installed_triton())
+    spec = _spec(tmp_path, "sm_80, sm_90", name="tiny_reuse")
+    first, second, third = (tmp_path / n for n in ("first", "second", "third"))
+
+    def run(out: Path, *extra: str) -> dict:
+        res = CliRunner().invoke(app, ["compat", "--triton", tv, "--specs", str(spec), "--out", str(out), "-j", "2",
+                                       *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads((out / "compat.json").read_text())
+
+    a = run(first)
+    units = [r for cell in a["cells"] for r in cell["units"]]
+    assert len(units) == 4 and all(r["ok"] and len(r["source_hash"]) == 16 and not r.get("reused") for r in units)
+    b = run(second, "--reuse", str(first / "compat.json"))
+    again = [r for cell in b["cells"] for r in cell["units"]]
+    assert all(r["reused"] for r in again) and b["versions"][0]["units_reused"] == 4
+    assert [{k: v for k, v in r.items() if k != "reused"} for r in again] == units
+    assert [c["status"] for c in b["cells"]] == [c["status"] for c in a["cells"]]
+    md = (second / "compat.md").read_text()
+    assert "| 4 (4 reused) |" in md and f"--reuse {first / 'compat.json'}" in md and "keep that result" in md
+    # one unit's recorded source differs, another is recorded as failed: both compile again, the rest are kept
+    stale = json.loads((first / "compat.json").read_text())
+    recs = [r for cell in stale["cells"] for r in cell["units"]]
+    recs[0]["source_hash"] = "0" * 16
+    recs[1]["ok"] = False
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    c3 = run(third, "--reuse", str(tmp_path / "stale.json"))
+    by_unit = {(cell["target"], r["unit"]): r for cell in c3["cells"] for r in cell["units"]}
+    recompiled = {k for k, r in by_unit.items() if not r.get("reused")}
+    assert recompiled == {(cell["target"], r["unit"]) for cell in stale["cells"] for r in cell["units"]
+                          if r is recs[0] or r is recs[1]}
+    assert all(r["ok"] for r in by_unit.values()) and c3["versions"][0]["units_reused"] == 2
+    res = CliRunner().invoke(app, ["compat", "--reuse", str(tmp_path / "none.json"), "--triton", tv])
+    assert res.exit_code == 2 and "--reuse" in res.output and "no such file" in res.output
+
+
 def test_pairwise_is_refused_with_full(tmp_path: Path) -> None:
     from dplr_gen.cli import app
 

@@ -279,6 +279,9 @@ class Options:
     venv_root: Path | None = None
     timeout: float = 900.0
     command: str = "dplr-gen compat"
+    # a previous matrix's compat.json: a unit whose rendered source, target and release it records as built keeps
+    # that result instead of being compiled again (a compile depends on nothing else; see reusable_units)
+    reuse: Path | None = None
     # version string -> interpreter to use instead of making an environment (tests; the installed Triton)
     pythons: dict[str, str] = field(default_factory=dict)
     use_installed: bool = True  # the installed Triton compiles with this interpreter, no environment made
@@ -384,6 +387,7 @@ def run(opts: Options, log: Log = _quiet,
 
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
     work: list[tuple[tuple[str, str, str], BuildUnit, CompileJob]] = []
+    prior = reusable_units(json.loads(opts.reuse.read_text())) if opts.reuse else {}
     plans: dict[tuple[str, str], Any] = {}
     version_info: dict[str, dict[str, Any]] = {
         str(v): {"version": str(v), "python": None, "env": None, "env_seconds": 0.0, "error": None}
@@ -433,6 +437,10 @@ def run(opts: Options, log: Log = _quiet,
                         target=u.target, cc=u.arch.cc, smem_limit=u.arch.smem_per_block,
                         check_mma=u.arch.mma != "v2", triton_version=vs, cache_root=str(kernel_cache),
                     )
+                    kept = prior.get((spec.name, t, vs, u.name))
+                    if kept is not None and kept["source_hash"] == job.source_hash:
+                        cell["units"].append({**kept, "reused": True})
+                        continue
                     work.append(((spec.name, t, vs), u, job))
                 if not chosen:
                     cell.update(status="built" if not units else "failed",
@@ -466,12 +474,14 @@ def run(opts: Options, log: Log = _quiet,
 
     # 3. compile, heaviest op first so the parallel tail is short
     runnable = [w for w in work if w[0][2] in pythons]
-    for key, u, _ in work:
+    for key, u, job in work:
         if key[2] not in pythons:
             cells[key]["units"].append(_unit_record(
                 u, CompileOutcome(u.name, u.target, False,
-                                  error=f"no environment for Triton {key[2]}: {version_info[key[2]]['error']}"), 0.0))
+                                  error=f"no environment for Triton {key[2]}: {version_info[key[2]]['error']}"), 0.0,
+                job.source_hash))
     runnable.sort(key=lambda w: (w[1].variant.op != "chunk", w[0][2], w[1].name))
+    sources = {(key, u.name): job.source_hash for key, u, job in runnable}
 
     def one(item: tuple[tuple[str, str, str], BuildUnit, CompileJob]) -> tuple[Any, BuildUnit, CompileOutcome, float]:
         key, u, job = item
@@ -502,6 +512,7 @@ def run(opts: Options, log: Log = _quiet,
             versions_out.append({
                 **version_info[vs],
                 "units_compiled": len(units), "units_failed": sum(not r["ok"] for r in units),
+                "units_reused": sum(bool(r.get("reused")) for r in units),
                 "kernels": len(kernels), "unit_seconds": round(sum(r["seconds"] for r in units), 1),
                 "kernel_compile_seconds": round(sum(k.get("compile_s") or 0.0 for k in kernels), 1),
                 "slowest_kernel": max(
@@ -518,6 +529,7 @@ def run(opts: Options, log: Log = _quiet,
             "machine": _machine(),
             "mode": ("pairwise sample" if opts.pairwise else "sample") if opts.sample else "full",
             "filters": {"targets": opts.targets, "ops": opts.ops, "dtypes": opts.dtypes},
+            "reused_from": _shown(opts.reuse) if opts.reuse else None,
             "installed_triton": str(installed) if installed else None,
             "source": source,
             "wall_seconds": round(time.perf_counter() - t_start, 1),
@@ -545,7 +557,7 @@ def run(opts: Options, log: Log = _quiet,
         for fut in as_completed(futures):
             key, u, outcome, secs = fut.result()
             done += 1
-            cells[key]["units"].append(_unit_record(u, outcome, secs))
+            cells[key]["units"].append(_unit_record(u, outcome, secs, sources[key, u.name]))
             state = "ok" if outcome.ok else "FAILED: " + _short_error(outcome.error, 200)
             log(f"[{done}/{len(runnable)}] Triton {key[2]} {u.name}: {state} ({secs:.1f} s)")
             if checkpoint is not None and done < len(runnable):
@@ -584,9 +596,19 @@ def _cell(spec: str, target: str, version: str, status: str = "pending", error: 
     }
 
 
-def _unit_record(u: BuildUnit, o: CompileOutcome, seconds: float) -> dict[str, Any]:
+def reusable_units(data: dict[str, Any]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    """(spec, target, release, unit) -> the unit's record, for every unit a matrix (compat.json) records as built
+    with its rendered source's hash. Such a result holds for the same source, target and release (the compile
+    and its checks read nothing else: the arch's limits come with the target); a failure is compiled again (a
+    timeout need not repeat)."""
+    return {(c["spec"], c["target"], c["triton"], r["unit"]): r for c in data.get("cells", [])
+            for r in c.get("units", []) if r.get("ok") and r.get("source_hash")}
+
+
+def _unit_record(u: BuildUnit, o: CompileOutcome, seconds: float, source_hash: str) -> dict[str, Any]:
     return {
         "unit": u.name, "variant": u.variant.name, "ok": o.ok, "error": o.error, "seconds": round(seconds, 1),
+        "source_hash": source_hash,
         "flags": dict(u.flags), "tune": {st: k.model_dump() for st, k in u.tune.items()},
         "kernels": [
             {"kernel": k.get("kernel"), "shared": k.get("shared"), "num_warps": k.get("num_warps"),
@@ -656,7 +678,10 @@ def render_markdown(data: dict[str, Any]) -> str:
         f"Installed Triton: {data.get('installed_triton') or 'none'}. Wall time: {_dur(data['wall_seconds'])}.",
         "",
         f"Mode: **{data['mode']}** ({mode}). A unit that takes more than {data.get('timeout_s', 900):.0f} s to "
-        "compile counts as FAILED.",
+        "compile counts as FAILED."
+        + (f" Units whose rendered source, target and release `{data['reused_from']}` records as built keep that "
+           "result (counted as reused below; their times are those of their compile there)."
+           if data.get("reused_from") else ""),
         "",
         f"Sources: commit `{src.get('commit') or '?'}`"
         + (f", with uncommitted changes in {', '.join(f'`{x}`' for x in src['uncommitted'])}" if src.get("uncommitted")
@@ -743,7 +768,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         slow_s += " | " + (f"{su['unit']}: {_dur(su['seconds'])} ({'ok' if su['ok'] else 'FAILED'})" if su else "-")
         env = "error: " + _md(_short_error(v["error"], 80)) if v.get("error") else (v.get("env") or "not needed")
         lines.append(
-            f"| {v['version']} | {env} | {v['units_compiled']} | {v['units_failed']} | {v['kernels']} | "
+            f"| {v['version']} | {env} | {v['units_compiled']}"
+            + (f" ({v['units_reused']} reused)" if v.get("units_reused") else "")
+            + f" | {v['units_failed']} | {v['kernels']} | "
             f"{_dur(v['unit_seconds'])} | {_dur(v['kernel_compile_seconds'])} | {slow_s} |"
         )
     lines += ["", "Unit wall time: one subprocess per unit (`--jobs` in parallel), Python start and Triton import "
