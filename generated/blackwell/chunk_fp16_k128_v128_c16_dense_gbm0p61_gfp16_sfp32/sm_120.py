@@ -258,9 +258,9 @@ def _check_promise(g, kept, lower_bound, m):
 
 @triton.jit
 def _prep(
-    i_sh, q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, pass_ops, aqk, aqb, qw, fwd_ops,
+    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, pass_ops, aqk, aqb, qw, fwd_ops,
     kept, lower_bound, T, H,
-    K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr, FORM: tl.constexpr,
+    K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr,
 ):
     """The state-independent work of one chunk (program: chunk slot * H + head), written per slot:
     W = (I - A_ab)^-1 A e^gamma' [C, K] and M = (I - A_ab)^-1 A_ak [C, C], with which U = W S0 + M V; the
@@ -277,10 +277,8 @@ def _prep(
     fwd_ops != 0 (the backward's prep run by a forward that keeps the states: one prep for both passes): also
     the forward's A_qk, A_qb [C, C] and Q e^gamma [C, K] into aqk, aqb, qw, as the forward's prep writes them
     (else those pointers may be one element long).
-    kept, lower_bound: the caller's promise gk >= lower_bound, checked on every gate loaded (_check_promise).
-    i_sh: the program's (chunk slot * H + head). FORM: 0 both forms, each chunk taking its own; split by chunk
-    (knob chunk.prep.split_exact) 1 the factored form only, with the chunk's flag written to fac (1: it may
-    take that form), 2 the exact form only (the chunks flagged 0, whose every output it writes again)."""
+    kept, lower_bound: the caller's promise gk >= lower_bound, checked on every gate loaded (_check_promise)."""
+    i_sh = tl.program_id(0)
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
     t0, lenc, _, _ = _slot_chunk(slot, T, BC)
@@ -395,8 +393,8 @@ def chunk_dplr_prep_kernel(
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     # x4 to x6 are not written by the forward's prep: qw stands in for them
-    _prep(tl.program_id(0), q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, kept, lower_bound, T,
-          H, K, BC, BK, False, 0)
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, kept, lower_bound, T, H, K, BC,
+          BK, False)
 
 
 @triton.jit
@@ -405,8 +403,8 @@ def chunk_dplr_prep_bwd_kernel(
     kept, lower_bound, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    _prep(tl.program_id(0), q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk,
-          aqb, qw, store_fwd_ops, kept, lower_bound, T, H, K, BC, BK, True, 0)
+    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk, aqb, qw,
+          store_fwd_ops, kept, lower_bound, T, H, K, BC, BK, True)
 
 
 @triton.jit

@@ -349,9 +349,9 @@ def _prep(
     fwd_ops != 0 (the backward's prep run by a forward that keeps the states: one prep for both passes): also
     the forward's A_qk, A_qb [C, C] and Q e^gamma [C, K] into aqk, aqb, qw, as the forward's prep writes them
     (else those pointers may be one element long).
-    i_sh: the program's (chunk slot * H + head). FORM: 0 both forms, each chunk taking its own; split by chunk
-    (knob chunk.prep.split_exact) 1 the factored form only, with the chunk's flag written to fac (1: it may
-    take that form), 2 the exact form only (the chunks flagged 0, whose every output it writes again)."""
+    Split by chunk (knob chunk.prep.split_exact): i_sh, the (chunk slot * H + head) to compute; FORM 1 the factored
+    form only, with the chunk's flag written to fac (1: it may take that form), 2 the exact form only (the chunks
+    flagged 0, whose every output it writes again)."""
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
     t0, lenc, _, _ = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
@@ -483,8 +483,8 @@ def chunk_dplr_prep_kernel(
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     # x4 to x6 are not written by the forward's prep: qw stands in for them
-    _prep(tl.program_id(0), q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, fac, cu_seqlens, chunk_map, T,
-          H, K, BC, BK, False, 1)
+    _prep(tl.program_id(0), q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, fac,
+          cu_seqlens, chunk_map, T, H, K, BC, BK, False, 1)
 
 
 @triton.jit
