@@ -105,11 +105,12 @@ ARCH_BIG_SMEM = SimpleNamespace(smem_per_block=232448)  # sm_90's: the template'
 
 
 def knobs(block_v=None, block_k=None, num_warps=4, num_stages=1, chunk=None, overlap=None, max_registers=None,
-          states_every=None, launch_below_sms=None, segments=None, lazy_exact_gates=None, divisible_t=None):
+          states_every=None, launch_below_sms=None, segments=None, lazy_exact_gates=None, divisible_t=None,
+          split_exact=None):
     return SimpleNamespace(block_v=block_v, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
                            chunk=chunk, overlap=overlap, max_registers=max_registers, states_every=states_every,
                            launch_below_sms=launch_below_sms, segments=segments, lazy_exact_gates=lazy_exact_gates,
-                           divisible_t=divisible_t)
+                           divisible_t=divisible_t, split_exact=split_exact)
 
 
 def render(v, tune=None, flags=None, arch=ARCH_BIG_SMEM) -> str:
@@ -955,6 +956,77 @@ def test_lazy_exact_gates_sum_exactly_where_the_chunk_cannot_factor(monkeypatch)
     check(run_case(v, T=64, H=1, gates=resets, tune=LAZY), TOL["fp32"])
     errs = run_case(v, T=64, H=1, tune=LAZY)
     assert any(not e <= TOL["fp32"] for e in errs.values()), errs
+
+
+# knob chunk.prep.split_exact (with the lazy sums, as Hopper's any-gate variants take it): each prep a factored-form
+# kernel flagging its chunks, then a persistent exact-form kernel for the chunks flagged 0
+SPLIT_PREP = {**LAZY, "prep": knobs(lazy_exact_gates=True, split_exact=True)}
+
+
+def _prep_outputs(pr):
+    return {f: t for f, t in pr._asdict().items() if isinstance(t, torch.Tensor)}
+
+
+@pytest.mark.parametrize("dtype, varlen, programs", [("fp32", False, None), ("fp16", False, 3), ("fp32", True, 2)])
+def test_split_prep_equals_the_single_kernel(dtype, varlen, programs, monkeypatch):
+    """Split by chunk, both preps write what the single lazy-sum kernel writes, bit for bit, into NaN-poisoned
+    buffers (so every element is written by one of the two kernels), on chunks of mild and steep decays, resets
+    and no-decay channels; the flags say which chunks may factor. ``programs``: the exact kernel given fewer
+    programs than (chunk, head) pairs, each walking several (as the device's persistent launch does); the whole
+    forward and backward then match too."""
+    v = make_variant(dtype, K=16, V=32, chunk_size=16, varlen=varlen, gate_bound=None)
+    one, two = load(v, LAZY), load(v, SPLIT_PREP)
+    exact = "chunk_dplr_prep_exact_kernel", "chunk_dplr_prep_bwd_exact_kernel"
+    assert two.option("split_exact") == dict(zip(("chunk_dplr_prep_kernel", "chunk_dplr_prep_bwd_kernel"), exact))
+    assert one.option("split_exact") is None and all(n in two.option("persistent") for n in exact)
+    assert "n_items" in two.arguments(exact[0]) and "fac" in two.arguments("chunk_dplr_prep_kernel")
+    if programs is not None:
+        grid = chunk_driver.persistent_launch
+        monkeypatch.setattr(chunk_driver, "persistent_launch", lambda ks, name, n, dev: (
+            (programs, [n]) if name in exact else grid(ks, name, n, dev)))
+    lens = [1, 16, 17, 30, 36] if varlen else None
+    T = sum(lens) if varlen else 100
+    cu = torch.tensor([0, *itertools_accumulate(lens)], dtype=torch.int32).to(DEVICE) if varlen else None
+    d = rwkv7_inputs(1, T, 2, 16, 32, dtype=torch.float32, gate_bound=-2.0)
+    _mixed_gates(d["gk"])
+    d["gk"][:, 48:64:7, :, :8] = -math.inf  # resets in one chunk; no decay in some channels everywhere
+    d["gk"][:, 3::5, :, 5:] = 0.0
+    x = {n: d[n].to(TORCH_DT[dtype]).to(DEVICE) for n in ("q", "k", "a", "b", "gk")}
+    n_slots = chunk_driver._layout(16, x["q"], cu)[1]
+    for for_bwd in (False, True):
+        with chunk_driver.forced(poison=True):
+            got = [chunk_driver.chunk_prep(ks, v, *x.values(), cu, n_slots, for_bwd=for_bwd) for ks in (one, two)]
+        a, b = (_prep_outputs(pr) for pr in got)
+        assert a.keys() == b.keys() - {"fac"}
+        for f in a:
+            assert torch.equal(a[f].nan_to_num(7.0), b[f].nan_to_num(7.0)), (for_bwd, f)
+            assert not b[f].isnan().any() or f in ("x4", "x5", "x6"), (for_bwd, f)
+        if for_bwd:
+            flags = b["fac"]
+            assert flags.unique().tolist() == [0, 1]  # both forms taken
+    # the whole forward and backward: the same results with either prep
+    ref = run_case(v, T=T if not varlen else None, lens=lens, H=2, extreme=True, tune=LAZY, seed=5)
+    got = run_case(v, T=T if not varlen else None, lens=lens, H=2, extreme=True, tune=SPLIT_PREP, seed=5)
+    assert got == ref
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="replaces a device function of the interpreted module")
+def test_split_prep_exact_kernel_takes_only_the_flagged_chunks(monkeypatch):
+    """The exact kernels compute only the chunks flagged 0: with the exact form's A matrices replaced by NaN
+    producers RWKV-7's mild gates (every chunk factors) stay exact, and with the factored form's replaced, resets
+    in every chunk still do (neither kernel takes the other's chunks)."""
+    v = make_variant("fp32", K=16, V=16, chunk_size=16, gate_bound=None)
+    m = load(v, SPLIT_PREP).m
+    monkeypatch.setattr(m, "_chunk_A_exact", _nan_chunk_A)
+    check(run_case(v, T=64, H=1, tune=SPLIT_PREP), TOL["fp32"])
+    monkeypatch.undo()
+    monkeypatch.setattr(m, "_chunk_A_factored", _nan_chunk_A)
+    monkeypatch.setattr(m, "_intra_bwd_factored", _nan_intra_bwd)
+
+    def resets(g):
+        g[:, ::16, :, :] = -math.inf
+
+    check(run_case(v, T=64, H=1, gates=resets, tune=SPLIT_PREP), TOL["fp32"])
 
 
 def test_generic_gate_varlen():

@@ -94,7 +94,8 @@ def test_kernels_take_the_declared_arguments(spec: str, tmp_path: Path) -> None:
             assert params == list(declared) + list(ns["CONSTEXPRS"][kernel]), (u.name, kernel, params)
         seen |= {k for k, on in conditions(plan, flags).items() if on}
     if spec == "hopper.yaml":
-        assert seen == {"clamp", "varlen", "derive", "gluon", "segments", "segments_bwd", "split"}
+        assert seen == {"clamp", "varlen", "derive", "gluon", "segments", "segments_bwd", "split", "split_exact",
+                        "prep_flags"}
     else:
         assert seen >= {"clamp", "varlen"}
 

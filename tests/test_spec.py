@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging.version import Version
@@ -480,6 +481,36 @@ def test_segments_knob_dense_variants_only(tmp_path: Path) -> None:
     assert ns["OPTIONS"]["segments"] == 1 and "chunk_dplr_seg_maps_kernel" in ns["SIGNATURES"]
     with pytest.raises(SpecError, match=r"chunk.fwd_small.*segments.*greater than or equal to 1"):
         load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd_small: {segments: 0}\n"))
+
+
+def test_split_exact_knob_reaches_the_any_gate_units_only(tmp_path: Path) -> None:
+    """chunk.prep.split_exact: the any-gate units it matches get the preps' exact kernels (declared, and named in
+    OPTIONS for the driver); a bounded unit under the same rule renders as without the knob; on another stage it
+    is refused; the shipped Hopper spec has it on its bf16 any-gate variants only."""
+    from dplr_gen.plan.chunk_kernels import kernels
+    from dplr_gen.plan.chunk_plan import chunk_plan
+    from dplr_gen.render.render import render_unit
+
+    exact = ["chunk_dplr_prep_exact_kernel", "chunk_dplr_prep_bwd_exact_kernel"]
+    rule = "variant_tuning:\n  - when: {op: [chunk]}\n    tuning:\n      chunk.prep: {split_exact: true}\n"
+    on = build_units(load_spec(write(tmp_path, GOOD + rule)), Version("3.6.0"))[0]
+    off = {u.name: u for u in build_units(load_spec(write(tmp_path, GOOD)), Version("3.6.0"))[0]}
+    chunk = [u for u in on if u.variant.op == "chunk"]
+    assert {u.variant.gate_bound for u in chunk} == {None, -0.6065}
+    for u in chunk:
+        src = render_unit(u)
+        if u.variant.gate_bound is None:
+            assert chunk_plan(u).split_exact and all(f"def {k}(" in src for k in exact), u.name
+            assert kernels(chunk_plan(u), SimpleNamespace(**u.flags))[-2:] == exact and 'OPTIONS["split_exact"]' in src, u.name
+        else:
+            assert "_exact_kernel" not in src and src == render_unit(off[u.name]), u.name
+    with pytest.raises(SpecError, match=r"chunk.fwd.split_exact: only chunk.prep take the split_exact knob"):
+        load_spec(write(tmp_path, GOOD + "tuning:\n  chunk.fwd: {split_exact: true}\n"))
+    hopper = build_units(load_spec(SPECS / "hopper.yaml"), Version("3.6.0"))[0]
+    split = {u.name for u in hopper if u.variant.op == "chunk" and chunk_plan(u).split_exact}
+    expected = {u.name for u in hopper if u.variant.op == "chunk" and u.variant.gate_bound is None
+                and u.variant.dtype == "bf16"}
+    assert split == expected and len(expected) == 8
 
 
 def test_lazy_exact_gates_knob_reaches_the_any_gate_units_only(tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ from .kernel_args import signatures_table as _table
 
 PROMISE = _row("kept:*i32 lower_bound:fp32", "clamp")  # the caller's lower_bound promise (runtime/gate_check.py)
 CU = _row("cu_seqlens:*i32", "varlen")
-# the per-chunk form flags of a split token pass (splits_token_pass): the backward's prep writes them, each token
-# pass kernel takes the chunks whose flag equals its ``form``
-FAC = _row("fac:*i32", "split")
+# the per-chunk form flags (1: the chunk's exponents allow the factored form): the backward's prep writes them for a
+# split token pass (splits_token_pass), whose kernels each take the chunks whose flag equals their ``form``; both
+# preps where they are split by chunk (knob chunk.prep.split_exact), whose exact kernels take the chunks flagged 0
+FAC = _row("fac:*i32", "prep_flags")
 CU_MAP = _row("cu_seqlens:*i32 chunk_map:*i32", "varlen")
 TH = _row("T:i32 H:i32")
 # what a state pass over segments takes besides the whole pass's arguments: the segment maps and chunks a segment
@@ -25,7 +26,7 @@ SEGMENT_ARGS = _row("xs:*fp32 seg_chunks:i32")
 KERNELS: dict[str, Rows] = {
     "chunk_dplr_prep_kernel": (
         _row("q:io k:io a:io b:io gk:gate"), _row("w:io m:io bwt:io kwt:io egc:*fp32"), _row("aqk:io aqb:io qw:io"),
-        PROMISE, CU_MAP, TH),
+        _row("fac:*i32", "split_exact"), PROMISE, CU_MAP, TH),
     "chunk_dplr_fwd_kernel": (
         _row("qw:io kwt:io v:io bwt:io egc:*fp32"), _row("w:io m:io aqk:io aqb:io"),
         _row("o:io h0:*fp32 h:states ht:*fp32 u:io"), CU, _row("scale:fp32 store_states:i32 T:i32 H:i32")),
@@ -71,6 +72,12 @@ SEGMENT_KERNELS: dict[str, tuple[str, Rows]] = {
 }
 # the split token pass's second kernel: the Triton form, for the chunks the Gluon kernel cannot take
 SPLIT_KERNELS: dict[str, tuple[str, Rows]] = {"chunk_dplr_bwd_triton_kernel": ("split", KERNELS["chunk_dplr_bwd_kernel"])}
+# the preps' second kernels where they are split by chunk: the exact form for the chunks the first flagged 0,
+# persistent (n_items: the (chunk slot, head) pairs)
+EXACT_KERNELS: dict[str, tuple[str, Rows]] = {
+    name.replace("_kernel", "_exact_kernel"): ("split_exact", (*KERNELS[name], _row("n_items:i32")))
+    for name in ("chunk_dplr_prep_kernel", "chunk_dplr_prep_bwd_kernel")
+}
 
 
 def splits_token_pass(plan: Any, flags: Any) -> bool:
@@ -80,14 +87,16 @@ def splits_token_pass(plan: Any, flags: Any) -> bool:
     return bool(flags.gluon_token_pass) and not plan.factored
 
 
-_CONDITIONAL = {**SEGMENT_KERNELS, **SPLIT_KERNELS}
+_CONDITIONAL = {**SEGMENT_KERNELS, **SPLIT_KERNELS, **EXACT_KERNELS}
 
 
 def conditions(plan: Any, flags: Any) -> dict[str, bool]:
     """Which conditional rows and kernels a unit takes (its ChunkPlan and flags)."""
+    split = splits_token_pass(plan, flags)
     return {"clamp": plan.clamp, "varlen": bool(plan.cu_args), "derive": plan.derive_states,
             "gluon": bool(flags.gluon_token_pass), "segments": plan.segments > 0,
-            "segments_bwd": plan.segments_bwd > 0, "split": splits_token_pass(plan, flags)}
+            "segments_bwd": plan.segments_bwd > 0, "split": split, "split_exact": plan.split_exact,
+            "prep_flags": split or plan.split_exact}
 
 
 def _rows(kernel: str) -> Rows:
@@ -123,7 +132,8 @@ def conditional_signatures(when: str, plan: Any, flags: Any) -> str:
     """The SIGNATURES entries of the conditional kernels under condition ``when`` (the segmented ones, the split
     token pass's second kernel), as statements adding them to the table (no final newline)."""
     if when not in {w for w, _ in _CONDITIONAL.values()}:
-        raise ValueError(f"conditional_signatures: condition {when!r}; valid: 'segments', 'segments_bwd', 'split'")
+        raise ValueError(f"conditional_signatures: condition {when!r}; valid: 'segments', 'segments_bwd', 'split', "
+                         "'split_exact'")
     cond = conditions(plan, flags)
     out = []
     for kernel, (w, rows) in _CONDITIONAL.items():

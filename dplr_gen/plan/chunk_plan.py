@@ -86,6 +86,9 @@ class ChunkPlan:
     # any gate: the exponents from the factored form's differences, exact sums only in the chunks that cannot
     # take that form; the prep loads the gates first (knob chunk.prep.lazy_exact_gates)
     lazy_exact_gates: bool
+    # any gate: each prep is a factored-form kernel flagging each chunk, then a persistent exact-form kernel for the
+    # chunks flagged 0 (knob chunk.prep.split_exact; chunk_kernels' "split_exact" kernels)
+    split_exact: bool
     # the small-grid kernels built again for T divisible by 16 (knob divisible_t of chunk.fwd_small and
     # chunk.bwd_dh_small; dense variants): their names, launched instead where T is (runtime: OPTIONS "divisible_t")
     divisible_t: tuple[str, ...]
@@ -203,6 +206,7 @@ def plan_chunk(v: Variant, arch: ArchProfile, tune: Mapping[str, Knobs]) -> Chun
         cu_map_args="cu_seqlens, chunk_map, " if v.varlen else "",
         locate_args="cu_seqlens, chunk_map, " if v.varlen else "T, ",
         lazy_exact_gates=bool(t_prep.lazy_exact_gates) and not is_factored,
+        split_exact=bool(t_prep.split_exact) and not is_factored,
         divisible_t=tuple(
             name for knobs, names in ((t_fwd_small, ("chunk_dplr_fwd_small_kernel", "chunk_dplr_fwd_h_small_kernel")),
                                       (t_dh_small, ("chunk_dplr_bwd_dh_small_kernel",)))

@@ -376,7 +376,9 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     backward): it also writes the forward pass's A_qk, A_qb and Q e^gamma, and ``fwd`` of the result is the
     forward's view of it; one prep then serves both directions (docs/design.md, keeping the states).
     ``promise`` (bounded variants only): the prep clears its flag where a gate breaks the caller's lower_bound
-    (gate_check); the caller queues the assert on it (gate_check.confirm)."""
+    (gate_check); the caller queues the assert on it (gate_check.confirm). A prep split by chunk (any-gate
+    variants, knob chunk.prep.split_exact: the unit's OPTIONS ``split_exact``) is two launches: the factored form
+    for every chunk, which flags each one, then the exact form's persistent kernel for those flagged 0."""
     _, T, H, K = q.shape
     C = v.chunk_size
     ck, cc = (n_slots, H, C, K), (n_slots, H, C, C)
@@ -413,16 +415,22 @@ def chunk_prep(ks, v, q, k, a, b, gk, cu_seqlens, n_slots: int, for_bwd: bool = 
     w_, m_, bwt_ = (stub if t is None else t for t in (w, m, bwt))
     args = {"q": q, "k": k, "a": a, "b": b, "gk": gk, "w": w_, "m": m_, "bwt": bwt_, "kwt": kwt, "egc": egc,
             **_promise_args(v, promise, q.device), **_cu_map(cu_seqlens, chunk_map, C, n_slots), "T": T, "H": H}
-    fac = _empty((n_slots, H), torch.int32, dev) if for_bwd and split_kernel(ks) else None
+    name = PREP_BWD if for_bwd else PREP
+    exact = ks.option("split_exact", {}).get(name)  # the prep split by chunk: its exact form's kernel
+    # the per-chunk flags: the split token pass's (Prep.fac), or the exact kernel's only (scratch)
+    fac = _empty((n_slots, H), torch.int32, dev) if (for_bwd and split_kernel(ks)) or exact else None
     if for_bwd:
         aqk, aqb, qw = fx or (stub,) * 3
         args.update(y=x1, p=x2, qwt=x3, awt=x4, aqkt=x5, aakt=x6, store_pass_ops=int(not skip_wm), aqk=aqk,
                     aqb=aqb, qw=qw, store_fwd_ops=int(fwd_ops), fac=fac)
     else:
-        args.update(aqk=x1, aqb=x2, qw=x3)
-    _launch(ks, PREP_BWD if for_bwd else PREP, (n_slots * H,), args)
+        args.update(aqk=x1, aqb=x2, qw=x3, fac=fac)
+    _launch(ks, name, (n_slots * H,), args)
+    if exact:
+        # the chunks the first kernel flagged 0 (exponents the factored form cannot take), in the exact form
+        _launch_persistent(ks, exact, n_slots * H, dev, args)
     fwd = Prep(w, m, bwt, kwt, egc, *fx, None, None, None) if fx else None
-    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, fwd, fac)
+    return Prep(w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, fwd, fac if for_bwd else None)
 
 
 def _promise_args(v, promise: Promise | None, device: torch.device) -> dict[str, Any]:

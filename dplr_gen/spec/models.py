@@ -42,6 +42,7 @@ STAGE_COPIES: dict[str, dict[str, str]] = {
 # columns over several programs; `states_every`, h and dh are kept for every second token-pass chunk only;
 # `gluon`, the token pass is the Gluon kernel (dplr_gen/render/templates/chunk_dplr_bwd_gluon.py.jinja);
 # `lazy_exact_gates`, any-gate exponents from the factored form's differences, the exact sums only where needed;
+# `split_exact`, the any-gate preps as a factored-form kernel and an exact-form kernel for the chunks it flags;
 # `divisible_t`, the small-grid copies built once more for T divisible by 16.
 STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "chunk": ("chunk.bwd",),
@@ -50,6 +51,7 @@ STAGE_ONLY_KNOBS: dict[str, tuple[str, ...]] = {
     "states_every": ("chunk.bwd",),
     "gluon": ("chunk.bwd",),
     "lazy_exact_gates": ("chunk.prep",),
+    "split_exact": ("chunk.prep",),
     "launch_below_sms": ("chunk.fwd_small", "chunk.bwd_dh_small"),
     "segments": ("chunk.fwd_small", "chunk.bwd_dh_small"),
     "divisible_t": ("chunk.fwd_small", "chunk.bwd_dh_small"),
@@ -127,6 +129,11 @@ class Knobs(_Strict):
     # form; the prep loads the gates before q, k, a, b. Without it every chunk sums exactly (two more loads and
     # cumsums a chunk).
     lazy_exact_gates: bool | None = Field(None, description="chunk.prep only, any-gate variants: exact gate sums only in chunks that cannot take the factored form (the others take its differences); the prep loads the gates first")
+    # stage chunk.prep only, any-gate variants (no effect on bounded ones): each prep is two kernels, the factored
+    # form for every chunk (with a flag per chunk: whether its exponents allow that form) and then, persistent,
+    # the exact form for the chunks flagged 0, writing their outputs again. Neither kernel holds the other form's
+    # code, which cost the single kernel registers and spills.
+    split_exact: bool | None = Field(None, description="chunk.prep only, any-gate variants: the prep as a factored-form kernel for every chunk, then an exact-form kernel for the chunks whose exponents do not allow the factored form")
     # stage chunk.bwd_dh only: the reverse pass runs at the same time as the backward's recompute of the states
     # (a second CUDA stream; the two passes are independent), each a few hundred sequential programs that leave
     # most of the device idle. Costs the forward prep's operands kept alive through the reverse pass.
