@@ -569,8 +569,8 @@ def compat(
         "dtype, gate dtype, varlen) at the largest head dim; full: every variant"),
     pairwise: bool = typer.Option(
         False, "--pairwise", help="with --sample: of the families that differ only in the gate's dtype, one, so that "
-        "every pair of (gate mode, varlen, gate dtype) values still meets per (arch, op, dtype): about half the "
-        "compiles (CI's oldest releases)"),
+        "every pair of (gate mode, varlen, gate dtype) values still meets per (arch, op, dtype): about two thirds "
+        "of the compile time (CI's oldest releases)"),
     jobs: int = typer.Option(os.cpu_count() or 2, "--jobs", "-j", min=1, metavar="N", help="compiles run in parallel"),
     targets: Optional[str] = typer.Option(None, "--targets", metavar="ARCHS", help="only these archs, e.g. sm_80,sm_90"),
     ops: Optional[str] = typer.Option(None, "--ops", metavar="OPS", help="only these ops: chunk, fused_recurrent"),
@@ -632,8 +632,13 @@ def compat(
         raise _fail(f"unknown dtype(s) {sorted(set(dtype_list) - {'bf16', 'fp16', 'fp32'})}; dtypes are bf16, fp16, fp32")
     target_list = [x if x.startswith("sm_") else f"sm_{x}" for x in (targets or "").split(",") if x] or None
     # the exact command, normalized: what the header of docs/compat.md says to rerun
-    if reuse is not None and not reuse.is_file():
-        raise _fail(f"--reuse {reuse}: no such file (a compat.json that `dplr-gen compat` wrote)")
+    if reuse is not None:
+        if not reuse.is_file():
+            raise _fail(f"--reuse {reuse}: no such file (a compat.json that `dplr-gen compat` wrote)")
+        try:
+            c.read_matrix(reuse)
+        except ValueError as e:
+            raise _fail(f"--reuse: {e}") from None
     if pairwise and not sample:
         raise _fail("--pairwise thins the sample: it does not go with --full")
     words = ["dplr-gen", "compat", "--sample" if sample else "--full"]

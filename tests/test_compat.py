@@ -329,6 +329,10 @@ def test_reuse_compiles_only_the_units_whose_source_changed(tmp_path: Path) -> N
     assert all(r["ok"] for r in by_unit.values()) and c3["versions"][0]["units_reused"] == 2
     res = CliRunner().invoke(app, ["compat", "--reuse", str(tmp_path / "none.json"), "--triton", tv])
     assert res.exit_code == 2 and "--reuse" in res.output and "no such file" in res.output
+    for text in ("{not json", '{"cells": 3}'):
+        (tmp_path / "bad.json").write_text(text)
+        res = CliRunner().invoke(app, ["compat", "--reuse", str(tmp_path / "bad.json"), "--triton", tv])
+        assert res.exit_code == 2 and "--reuse" in res.output and "not a compat.json" in res.output, res.output
 
 
 def test_pairwise_is_refused_with_full(tmp_path: Path) -> None:

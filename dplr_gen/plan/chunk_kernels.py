@@ -130,10 +130,11 @@ def signatures_table(plan: Any, flags: Any) -> str:
 
 def conditional_signatures(when: str, plan: Any, flags: Any) -> str:
     """The SIGNATURES entries of the conditional kernels under condition ``when`` (the segmented ones, the split
-    token pass's second kernel), as statements adding them to the table (no final newline)."""
-    if when not in {w for w, _ in _CONDITIONAL.values()}:
-        raise ValueError(f"conditional_signatures: condition {when!r}; valid: 'segments', 'segments_bwd', 'split', "
-                         "'split_exact'")
+    token pass's second kernel, the split preps' exact kernels), as statements adding them to the table (no final
+    newline)."""
+    valid = sorted({w for w, _ in _CONDITIONAL.values()})
+    if when not in valid:
+        raise ValueError(f"conditional_signatures: condition {when!r}; valid: {', '.join(map(repr, valid))}")
     cond = conditions(plan, flags)
     out = []
     for kernel, (w, rows) in _CONDITIONAL.items():

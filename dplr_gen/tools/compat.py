@@ -387,7 +387,7 @@ def run(opts: Options, log: Log = _quiet,
 
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
     work: list[tuple[tuple[str, str, str], BuildUnit, CompileJob]] = []
-    prior = reusable_units(json.loads(opts.reuse.read_text())) if opts.reuse else {}
+    prior = reusable_units(read_matrix(opts.reuse)) if opts.reuse else {}
     plans: dict[tuple[str, str], Any] = {}
     version_info: dict[str, dict[str, Any]] = {
         str(v): {"version": str(v), "python": None, "env": None, "env_seconds": 0.0, "error": None}
@@ -481,16 +481,16 @@ def run(opts: Options, log: Log = _quiet,
                                   error=f"no environment for Triton {key[2]}: {version_info[key[2]]['error']}"), 0.0,
                 job.source_hash))
     runnable.sort(key=lambda w: (w[1].variant.op != "chunk", w[0][2], w[1].name))
-    sources = {(key, u.name): job.source_hash for key, u, job in runnable}
 
-    def one(item: tuple[tuple[str, str, str], BuildUnit, CompileJob]) -> tuple[Any, BuildUnit, CompileOutcome, float]:
+    def one(item: tuple[tuple[str, str, str], BuildUnit, CompileJob]
+            ) -> tuple[Any, BuildUnit, CompileJob, CompileOutcome, float]:
         key, u, job = item
         t0 = time.perf_counter()
         try:
             outcome = run_in_subprocess(job, timeout=opts.timeout, python=pythons[key[2]])
         except Exception as e:  # never let one unit end the run
             outcome = CompileOutcome(u.name, u.target, False, error=f"{type(e).__name__}: {e}")
-        return key, u, outcome, time.perf_counter() - t0
+        return key, u, job, outcome, time.perf_counter() - t0
 
     registry = {q.id: q for q in quirk_registry.load_quirks()}
     after = _git_state()
@@ -555,9 +555,9 @@ def run(opts: Options, log: Log = _quiet,
     with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
         futures = [pool.submit(one, w) for w in runnable]
         for fut in as_completed(futures):
-            key, u, outcome, secs = fut.result()
+            key, u, job, outcome, secs = fut.result()
             done += 1
-            cells[key]["units"].append(_unit_record(u, outcome, secs, sources[key, u.name]))
+            cells[key]["units"].append(_unit_record(u, outcome, secs, job.source_hash))
             state = "ok" if outcome.ok else "FAILED: " + _short_error(outcome.error, 200)
             log(f"[{done}/{len(runnable)}] Triton {key[2]} {u.name}: {state} ({secs:.1f} s)")
             if checkpoint is not None and done < len(runnable):
@@ -594,6 +594,17 @@ def _cell(spec: str, target: str, version: str, status: str = "pending", error: 
         "active": list(active), "quirk_effects": {}, "quirks_avoided": [], "variants_total": 0,
         "variants_compiled": 0, "variants_skipped": 0, "variants_refused": [], "seconds": 0.0, "units": [],
     }
+
+
+def read_matrix(path: Path) -> dict[str, Any]:
+    """A compat.json that `dplr-gen compat` wrote; ValueError naming the file where it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a compat.json that `dplr-gen compat` wrote ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise ValueError(f"{path}: not a compat.json that `dplr-gen compat` wrote (no list of cells)")
+    return data
 
 
 def reusable_units(data: dict[str, Any]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
