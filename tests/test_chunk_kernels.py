@@ -967,14 +967,16 @@ def _prep_outputs(pr):
     return {f: t for f, t in pr._asdict().items() if isinstance(t, torch.Tensor)}
 
 
-@pytest.mark.parametrize("dtype, varlen, programs", [("fp32", False, None), ("fp16", False, 3), ("fp32", True, 2)])
-def test_split_prep_equals_the_single_kernel(dtype, varlen, programs, monkeypatch):
+@pytest.mark.parametrize("dtype, varlen, programs, K, delta", [
+    ("fp32", False, None, 16, False), ("fp16", False, 3, 16, False), ("fp32", True, 2, 16, False),
+    ("fp32", False, 2, 20, True)])
+def test_split_prep_equals_the_single_kernel(dtype, varlen, programs, K, delta, monkeypatch):
     """Split by chunk, both preps write what the single lazy-sum kernel writes, bit for bit, into NaN-poisoned
     buffers (so every element is written by one of the two kernels), on chunks of mild and steep decays, resets
     and no-decay channels; the flags say which chunks may factor. ``programs``: the exact kernel given fewer
-    programs than (chunk, head) pairs, each walking several (as the device's persistent launch does). Dense fp32:
-    the whole forward and backward match too."""
-    v = make_variant(dtype, K=16, V=32, chunk_size=16, varlen=varlen, gate_bound=None)
+    programs than (chunk, head) pairs, each walking several (as the device's persistent launch does). ``delta``:
+    delta-rule inputs (b = -a) at an odd head dim. Dense fp32: the whole forward and backward match too."""
+    v = make_variant(dtype, K=K, V=32, chunk_size=16, varlen=varlen, gate_bound=None)
     one, two = load(v, LAZY), load(v, SPLIT_PREP)
     exact = "chunk_dplr_prep_exact_kernel", "chunk_dplr_prep_bwd_exact_kernel"
     assert two.option("split_exact") == dict(zip(("chunk_dplr_prep_kernel", "chunk_dplr_prep_bwd_kernel"), exact))
@@ -987,7 +989,9 @@ def test_split_prep_equals_the_single_kernel(dtype, varlen, programs, monkeypatc
     lens = [1, 16, 17, 30, 36] if varlen else None
     T = sum(lens) if varlen else 100
     cu = torch.tensor([0, *itertools_accumulate(lens)], dtype=torch.int32).to(DEVICE) if varlen else None
-    d = rwkv7_inputs(1, T, 2, 16, 32, dtype=torch.float32, gate_bound=-2.0)
+    d = rwkv7_inputs(1, T, 2, K, 32, dtype=torch.float32, gate_bound=-2.0)
+    if delta:
+        d["b"] = -d["a"]
     _mixed_gates(d["gk"])
     d["gk"][:, 48:64:7, :, :8] = -math.inf  # resets in one chunk; no decay in some channels everywhere
     d["gk"][:, 3::5, :, 5:] = 0.0
