@@ -8,7 +8,10 @@ without it, any gate):
   enqueue_ms      host time per call: 20 calls back to back, timed before the device is waited for;
   wall_ms         the same 20 calls until the device is done, per call;
   kernels         GPU microseconds per call of each kernel (the mean of 5 profiled calls) and launches per call;
-  kernel_us_total their sum.
+  kernel_us_total their sum;
+  exact_chunks    dense cases whose variant flags chunks (any gate, the token pass or the preps split by chunk):
+                  the (chunk, head) pairs the backward prep flags for the exact form, of how many, and how many
+                  programs an SM holds of each persistent kernel (null: unknown, so one program a work item).
 --gates: the gate data, rwkv7 (default; every chunk allows the factored form), mixed (benchmarks.common.mixed_gates:
 one steep chunk in 16, resets and a steep run) or steep (every gate -5: every chunk takes the exact form); the
 last two only without lower_bound (they break it). The varlen case passes cu_seqlens as int64 (fla's type hint),
@@ -68,11 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def case_call(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
-              device: str, dry: bool, gates: str = "rwkv7") -> Any:
-    """One forward+backward of ``op`` (chunk_rwkv7's signature) on a case's inputs, made once: bf16 (fp32 when
-    ``dry``) RWKV-7 inputs with the ``gates`` asked for, cu_seqlens in int64 for varlen cases, gradients of every
-    input and h0 through torch.autograd.grad. (scripts/hardware_profile.py profiles the same call.)"""
+def case_inputs(shape: tuple[int, int, int, int, tuple[int, ...] | None], device: str, dry: bool,
+                gates: str = "rwkv7") -> dict[str, Any]:
+    """A case's RWKV-7 inputs (bf16, fp32 when ``dry``) with the ``gates`` asked for."""
     import torch
 
     B, T, H, D, lens = shape
@@ -82,6 +83,36 @@ def case_call(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None],
         C.mixed_gates(x["w"])
     elif gates == "steep":
         x["w"].fill_(-5.0)
+    return x
+
+
+def exact_chunks(ks: Any, v: Any, x: dict[str, Any]) -> dict[str, Any] | None:
+    """For dense inputs ``x`` of variant ``v`` (kernel set ``ks``): how many (chunk, head) pairs its backward prep
+    flags for the exact form, of how many, and the programs an SM holds of each persistent kernel; None where the
+    variant flags no chunks (bounded, or nothing split by chunk)."""
+
+    from dplr_gen.runtime import chunk_driver as D
+    from dplr_gen.runtime.ops import TORCH_DTYPES
+
+    gk = x["w"].to(TORCH_DTYPES[v.gate_dtype])
+    n_slots = D._layout(v.chunk_size, x["r"], None)[1]
+    pr = D.chunk_prep(ks, v, x["r"], x["k"], x["a"], x["b"], gk, None, n_slots, for_bwd=True)
+    if pr.fac is None:
+        return None
+    dev = x["r"].device
+    return {"flagged": int((pr.fac == 0).sum()), "of": pr.fac.numel(), "sms": D._device_sms(dev),
+            "resident_per_sm": {n: ks.resident_per_sm(n, dev) for n in ks.option("persistent", ())}}
+
+
+def case_call(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
+              device: str, dry: bool, gates: str = "rwkv7") -> Any:
+    """One forward+backward of ``op`` (chunk_rwkv7's signature) on a case's inputs, made once: bf16 (fp32 when
+    ``dry``) RWKV-7 inputs with the ``gates`` asked for, cu_seqlens in int64 for varlen cases, gradients of every
+    input and h0 through torch.autograd.grad. (scripts/hardware_profile.py profiles the same call.)"""
+    import torch
+
+    lens = shape[4]
+    x = case_inputs(shape, device, dry, gates)
     cu = None if lens is None else torch.tensor(C.cu_seqlens_of(lens), dtype=torch.int64, device=device)
     xl = C.leaves(x)
     do, dht = C.grad_outputs(x, 1)
@@ -135,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
     from dplr_gen.runtime import ops
     from dplr_gen.runtime.loader import package_at
 
@@ -155,11 +188,17 @@ def main(argv: list[str] | None = None) -> int:
         for lb in args.bound_values:
             key = f"{name}, lower_bound={lb}"
             rec = profile_case(op, table[name], lb, device, args.dry_run, args.gates)
+            if table[name][4] is None:
+                x = case_inputs(table[name], device, args.dry_run, args.gates)
+                vname = ops.variant_for(pkg, "chunk", x["r"], x["v"], x["w"], None, None, lb)
+                rec["exact_chunks"] = exact_chunks(*ops._kernels(pkg.dir_str, vname, torch.device(device)), x)
             result["cases"][key] = {"shape": list(table[name][:4]), "lengths": table[name][4], **rec}
             line = f"{key}: enqueue {rec['enqueue_ms']:.3f} ms, wall {rec['wall_ms']:.3f} ms"
             if "kernel_us_total" in rec:
                 line += f", kernels {rec['kernel_us_total'] / 1e3:.3f} ms"
             print(line, flush=True)
+            if rec.get("exact_chunks"):
+                print(f"    exact form: {rec['exact_chunks']}", flush=True)
             for k, v in list(rec.get("kernels", {}).items())[:10]:
                 print(f"    {v['us']:9.1f} us x{v['count']:g}  {k[:90]}", flush=True)
             out_file.write_text(json.dumps(C.jsonable(result), indent=1))

@@ -1032,6 +1032,26 @@ def test_split_prep_exact_kernel_takes_only_the_flagged_chunks(monkeypatch):
     check(run_case(v, T=64, H=1, gates=resets, tune=SPLIT_PREP), TOL["fp32"])
 
 
+def test_kernel_profile_counts_the_chunks_flagged_for_the_exact_form():
+    """scripts/kernel_profile.py's exact_chunks: on RWKV-7's mild gates no (chunk, head) pair is flagged for the
+    exact form, with a reset in one chunk of one head that one; a bounded variant flags nothing (None)."""
+    spec = importlib.util.spec_from_file_location("kernel_profile", REPO / "scripts" / "kernel_profile.py")
+    kp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kp)
+    v = make_variant("fp32", K=16, V=16, chunk_size=16, gate_bound=None)
+    ks = load(v, SPLIT_PREP)
+    d = rwkv7_inputs(1, 64, 2, 16, 16, dtype=torch.float32)
+    x = {"r": d["q"], "k": d["k"], "a": d["a"], "b": d["b"], "w": d["gk"]}
+    x = {n: t.to(DEVICE) for n, t in x.items()}
+    got = kp.exact_chunks(ks, v, x)
+    assert (got["flagged"], got["of"]) == (0, 8), got
+    assert set(got["resident_per_sm"]) == {"chunk_dplr_prep_exact_kernel", "chunk_dplr_prep_bwd_exact_kernel"}, got
+    x["w"][0, 37, 1, 3] = -math.inf
+    assert kp.exact_chunks(ks, v, x)["flagged"] == 1
+    bounded = make_variant("fp32", K=16, V=16, chunk_size=16)
+    assert kp.exact_chunks(load(bounded), bounded, x) is None
+
+
 def test_generic_gate_varlen():
     v = make_variant("fp32", K=16, V=16, chunk_size=16, varlen=True, gate_bound=None)
     check(run_case(v, lens=[1, 16, 17, 30], H=1, extreme=True), TOL["fp32"])
