@@ -90,7 +90,6 @@ def exact_chunks(ks: Any, v: Any, x: dict[str, Any]) -> dict[str, Any] | None:
     """For dense inputs ``x`` of variant ``v`` (kernel set ``ks``): how many (chunk, head) pairs its backward prep
     flags for the exact form, of how many, and the programs an SM holds of each persistent kernel; None where the
     variant flags no chunks (bounded, or nothing split by chunk)."""
-
     from dplr_gen.runtime import chunk_driver as D
     from dplr_gen.runtime.ops import TORCH_DTYPES
 
@@ -105,14 +104,15 @@ def exact_chunks(ks: Any, v: Any, x: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def case_call(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
-              device: str, dry: bool, gates: str = "rwkv7") -> Any:
+              device: str, dry: bool, gates: str = "rwkv7", x: dict[str, Any] | None = None) -> Any:
     """One forward+backward of ``op`` (chunk_rwkv7's signature) on a case's inputs, made once: bf16 (fp32 when
-    ``dry``) RWKV-7 inputs with the ``gates`` asked for, cu_seqlens in int64 for varlen cases, gradients of every
-    input and h0 through torch.autograd.grad. (scripts/hardware_profile.py profiles the same call.)"""
+    ``dry``) RWKV-7 inputs with the ``gates`` asked for (``x``: those of ``case_inputs``, made by the caller),
+    cu_seqlens in int64 for varlen cases, gradients of every input and h0 through torch.autograd.grad.
+    (scripts/hardware_profile.py profiles the same call.)"""
     import torch
 
     lens = shape[4]
-    x = case_inputs(shape, device, dry, gates)
+    x = case_inputs(shape, device, dry, gates) if x is None else x
     cu = None if lens is None else torch.tensor(C.cu_seqlens_of(lens), dtype=torch.int64, device=device)
     xl = C.leaves(x)
     do, dht = C.grad_outputs(x, 1)
@@ -127,10 +127,10 @@ def case_call(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None],
 
 
 def profile_case(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
-                 device: str, dry: bool, gates: str = "rwkv7") -> dict[str, Any]:
+                 device: str, dry: bool, gates: str = "rwkv7", x: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
-    call = case_call(op, shape, lower_bound, device, dry, gates)
+    call = case_call(op, shape, lower_bound, device, dry, gates, x)
     for _ in range(1 if dry else 3):
         call()
     C.sync(device)
@@ -185,13 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"script": "scripts/kernel_profile.py", "machine": C.machine_info(device),
                               "package": args.package, "gates": args.gates, "cases": {}}
     for name in args.case_names:
+        x = case_inputs(table[name], device, args.dry_run, args.gates)  # every bound's call reads the same inputs
         for lb in args.bound_values:
             key = f"{name}, lower_bound={lb}"
-            rec = profile_case(op, table[name], lb, device, args.dry_run, args.gates)
+            rec = profile_case(op, table[name], lb, device, args.dry_run, args.gates, x)
             if table[name][4] is None:
-                x = case_inputs(table[name], device, args.dry_run, args.gates)
                 vname = ops.variant_for(pkg, "chunk", x["r"], x["v"], x["w"], None, None, lb)
-                rec["exact_chunks"] = exact_chunks(*ops._kernels(pkg.dir_str, vname, torch.device(device)), x)
+                ks = pkg.kernel_set(vname, pkg.target_for(torch.device(device)))
+                rec["exact_chunks"] = exact_chunks(ks, pkg.variants[vname], x)
             result["cases"][key] = {"shape": list(table[name][:4]), "lengths": table[name][4], **rec}
             line = f"{key}: enqueue {rec['enqueue_ms']:.3f} ms, wall {rec['wall_ms']:.3f} ms"
             if "kernel_us_total" in rec:
