@@ -330,9 +330,9 @@ def _load_inputs(q, k, a, b, gk, p, m):
 
 @triton.jit
 def _prep(
-    q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, pass_ops, aqk, aqb, qw, fwd_ops,
+    i_sh, q, k, a, b, gk, w, m, bwt, kwt, egc, x1, x2, x3, x4, x5, x6, pass_ops, aqk, aqb, qw, fwd_ops, fac,
     cu_seqlens, chunk_map, T, H,
-    K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr,
+    K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, FOR_BWD: tl.constexpr, FORM: tl.constexpr,
 ):
     """The state-independent work of one chunk (program: chunk slot * H + head), written per slot:
     W = (I - A_ab)^-1 A e^gamma' [C, K] and M = (I - A_ab)^-1 A_ak [C, C], with which U = W S0 + M V; the
@@ -348,8 +348,10 @@ def _prep(
     and (B e^..)^T, its operands only, are not written (their pointers may be one element long).
     fwd_ops != 0 (the backward's prep run by a forward that keeps the states: one prep for both passes): also
     the forward's A_qk, A_qb [C, C] and Q e^gamma [C, K] into aqk, aqb, qw, as the forward's prep writes them
-    (else those pointers may be one element long)."""
-    i_sh = tl.program_id(0)
+    (else those pointers may be one element long).
+    Split by chunk (knob chunk.prep.split_exact): i_sh, the (chunk slot * H + head) to compute; FORM 1 the factored
+    form only, with the chunk's flag written to fac (1: it may take that form), 2 the exact form only (the chunks
+    flagged 0, whose every output it writes again)."""
     i_h = i_sh % H
     slot = (i_sh // H).to(tl.int64)
     t0, lenc, _, _ = _slot_chunk(slot, cu_seqlens, chunk_map, T, BC)
@@ -359,9 +361,20 @@ def _prep(
     m_k = o_k < K
     p_x = ((t0 + o_c[:, None]) * H + i_h) * K + o_k[None, :]
     m_x = m_c[:, None] & m_k[None, :]
-    # the gates first: a chunk that cannot take the factored form loads them again for the exact sums, with
-    # fewer tiles live before q, k, a, b are loaded
-    g, gam, gamp, gend, gC = _gates(gk, p_x, o_c[:, None], m_k[None, :], lenc, H * K)
+    # each form's gate sums alone: the factored form's differences, or the exact sums (no kernel holds the other
+    # form's code, which cost the single kernel spills; docs/design.md, any-gate preps)
+    g = tl.load(gk + p_x, mask=m_x, other=0.).to(tl.float32)
+    gam = tl.cumsum(g, 0)
+    gC = tl.expand_dims(tl.sum(g, 0), 0)
+    if FORM == 1:
+        gamp = gam - g
+        gend = gC - gam
+    else:
+        p, tok, sT = p_x, o_c[:, None], H * K  # (the names neighbour_gates reads)
+        g_prev = tl.load(gk + p - sT, mask=(tok >= 1) & (tok - 1 < lenc) & m_k, other=0.).to(tl.float32)
+        g_next = tl.load(gk + p + sT, mask=(tok + 1 < lenc) & m_k, other=0.).to(tl.float32)
+        gamp = tl.cumsum(g_prev, 0)
+        gend = tl.cumsum(g_next, 0, reverse=True)
     b_q, b_k, b_a, b_b = _load_qkab(q, k, a, b, p_x, m_x)
     base_ck = (slot * H + i_h) * BC * K
     base_cc = (slot * H + i_h) * BC * BC
@@ -382,16 +395,15 @@ def _prep(
         tl.store(x4 + p_kc, (b_a * tl.exp(gamp)).to(x4.dtype.element_ty), mask=m_k[None, :])
     else:
         tl.store(x3 + p_ck, (b_q * tl.exp(gam)).to(x3.dtype.element_ty), mask=m_k[None, :])
-    # any gate: each form's A matrices go through the products in their own branch, so that no dot result
-    # crosses the branch into the inverse's dots (sm_90: a conversion between two MMA layouts, K >= 128)
-    if _factorable(gam, gamp, BC):
+    if FORM == 1:
+        # 1 where the chunk may take the factored form: the exact kernel takes the others (and, backward, the
+        # split token pass's Gluon kernel takes these); this kernel's outputs for them are written again there
+        tl.store(fac + slot * H + i_h, _factorable(gam, gamp, BC).to(tl.int32))
         Aqk, Aqb, Aak, Aab = _chunk_A_factored(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
-        _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck,
-                       p_cc, o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K, BC, FOR_BWD)
     else:
         Aqk, Aqb, Aak, Aab = _chunk_A_exact(b_q, b_k, b_a, b_b, g, gam, gamp, BC)
-        _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck,
-                       p_cc, o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K, BC, FOR_BWD)
+    _prep_products(Aqk, Aqb, Aak, Aab, b_a, b_b, gamp, gend, w, m, x1, x2, x5, x6, base_ck, base_cc, p_ck, p_cc,
+                   o_c, o_k, m_k, keep_wm, aqk, aqb, keep_fwd, K, BC, FOR_BWD)
 
 
 @triton.jit
@@ -467,22 +479,74 @@ def _prep_stores_bwd(Tm, Aqk, Aqb, Aak, b_a, b_b, gamp, gend, w, m, x1, x2, x5, 
 @triton.jit
 def chunk_dplr_prep_kernel(
     q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw,
-    cu_seqlens, chunk_map, T, H,
+    fac, cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
     # x4 to x6 are not written by the forward's prep: qw stands in for them
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, cu_seqlens, chunk_map, T, H, K, BC,
-          BK, False)
+    _prep(tl.program_id(0), q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, fac,
+          cu_seqlens, chunk_map, T, H, K, BC, BK, False, 1)
 
 
 @triton.jit
 def chunk_dplr_prep_bwd_kernel(
     q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk, aqb, qw, store_fwd_ops,
-    cu_seqlens, chunk_map, T, H,
+    fac, cu_seqlens, chunk_map, T, H,
     K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
 ):
-    _prep(q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk, aqb, qw,
-          store_fwd_ops, cu_seqlens, chunk_map, T, H, K, BC, BK, True)
+    _prep(tl.program_id(0), q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk,
+          aqb, qw, store_fwd_ops, fac, cu_seqlens, chunk_map, T, H, K, BC, BK, True, 1)
+
+
+# the preps split by chunk (knob chunk.prep.split_exact): the kernels above take the factored form and flag each
+# chunk, these the chunks flagged 0 in the exact form. Persistent (chunk_driver.persistent_launch): program p
+# takes items p, p + programs, ..., reading their flags FLAG_BLOCK at a time, so that where every chunk factors
+# (RWKV-7 gates) the launch costs a few loads a program
+FLAG_BLOCK = tl.constexpr(256)
+
+
+@triton.jit
+def chunk_dplr_prep_exact_kernel(
+    q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw,
+    fac, cu_seqlens, chunk_map, T, H, n_items,
+    K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+):
+    n_kb: tl.constexpr = 1  # an item a chunk
+    form: tl.constexpr = 0  # the chunks flagged for the exact form
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    for j0 in range(0, tl.cdiv(n_items - pid, n_prog), FLAG_BLOCK):
+        o_i = pid + (j0 + tl.arange(0, FLAG_BLOCK)) * n_prog
+        mine = tl.load(fac + o_i // n_kb, mask=o_i < n_items, other=-1) == form
+        if tl.sum(mine.to(tl.int32), 0) > 0:
+            for j in range(j0, j0 + FLAG_BLOCK):
+                i_item = pid + j * n_prog
+                i_sh = i_item // n_kb  # chunk slot * H + head
+                if tl.load(fac + i_sh, mask=i_item < n_items, other=-1) == form:
+                    _prep(i_sh, q, k, a, b, gk, w, m, bwt, kwt, egc, aqk, aqb, qw, qw, qw, qw, 1, qw, qw, qw, 0, fac,
+                          cu_seqlens, chunk_map, T, H, K, BC, BK, False, 2)
+
+
+@triton.jit
+def chunk_dplr_prep_bwd_exact_kernel(
+    q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk, aqb, qw, store_fwd_ops,
+    fac, cu_seqlens, chunk_map, T, H, n_items,
+    K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+):
+    n_kb: tl.constexpr = 1  # an item a chunk
+    form: tl.constexpr = 0  # the chunks flagged for the exact form
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    for j0 in range(0, tl.cdiv(n_items - pid, n_prog), FLAG_BLOCK):
+        o_i = pid + (j0 + tl.arange(0, FLAG_BLOCK)) * n_prog
+        mine = tl.load(fac + o_i // n_kb, mask=o_i < n_items, other=-1) == form
+        if tl.sum(mine.to(tl.int32), 0) > 0:
+            for j in range(j0, j0 + FLAG_BLOCK):
+                i_item = pid + j * n_prog
+                i_sh = i_item // n_kb  # chunk slot * H + head
+                if tl.load(fac + i_sh, mask=i_item < n_items, other=-1) == form:
+                    _prep(i_sh, q, k, a, b, gk, w, m, bwt, kwt, egc, y, p, qwt, awt, aqkt, aakt, store_pass_ops, aqk,
+                          aqb, qw, store_fwd_ops, fac, cu_seqlens, chunk_map, T, H, K, BC, BK,
+                          True, 2)
 
 
 @triton.jit
@@ -820,6 +884,7 @@ SIGNATURES = {
         "q": "*bf16", "k": "*bf16", "a": "*bf16", "b": "*bf16", "gk": "*bf16",
         "w": "*bf16", "m": "*bf16", "bwt": "*bf16", "kwt": "*bf16", "egc": "*fp32",
         "aqk": "*bf16", "aqb": "*bf16", "qw": "*bf16",
+        "fac": "*i32",
         "cu_seqlens": "*i32", "chunk_map": "*i32",
         "T": "i32", "H": "i32",
     },
@@ -842,6 +907,7 @@ SIGNATURES = {
         "y": "*bf16", "p": "*bf16", "qwt": "*bf16", "awt": "*bf16",
         "aqkt": "*bf16", "aakt": "*bf16", "store_pass_ops": "i32",
         "aqk": "*bf16", "aqb": "*bf16", "qw": "*bf16", "store_fwd_ops": "i32",
+        "fac": "*i32",
         "cu_seqlens": "*i32", "chunk_map": "*i32",
         "T": "i32", "H": "i32",
     },
@@ -905,3 +971,30 @@ for _name in ("chunk_dplr_fwd_kernel", "chunk_dplr_fwd_h_kernel"):
 SIGNATURES["chunk_dplr_bwd_dh_small_kernel"] = SIGNATURES["chunk_dplr_bwd_dh_kernel"]
 CONSTEXPRS["chunk_dplr_bwd_dh_small_kernel"] = {**CONSTEXPRS["chunk_dplr_bwd_dh_kernel"], "BV": 32}
 LAUNCH["chunk_dplr_bwd_dh_small_kernel"] = {"num_warps": 4, "num_stages": 3}
+# the preps split by chunk (knob chunk.prep.split_exact): each kernel above, then its exact form for the chunks it
+# flagged 0 (persistent)
+SIGNATURES["chunk_dplr_prep_exact_kernel"] = {
+    "q": "*bf16", "k": "*bf16", "a": "*bf16", "b": "*bf16", "gk": "*bf16",
+    "w": "*bf16", "m": "*bf16", "bwt": "*bf16", "kwt": "*bf16", "egc": "*fp32",
+    "aqk": "*bf16", "aqb": "*bf16", "qw": "*bf16",
+    "fac": "*i32",
+    "cu_seqlens": "*i32", "chunk_map": "*i32",
+    "T": "i32", "H": "i32",
+    "n_items": "i32",
+}
+SIGNATURES["chunk_dplr_prep_bwd_exact_kernel"] = {
+    "q": "*bf16", "k": "*bf16", "a": "*bf16", "b": "*bf16", "gk": "*bf16",
+    "w": "*bf16", "m": "*bf16", "bwt": "*bf16", "kwt": "*bf16", "egc": "*fp32",
+    "y": "*bf16", "p": "*bf16", "qwt": "*bf16", "awt": "*bf16",
+    "aqkt": "*bf16", "aakt": "*bf16", "store_pass_ops": "i32",
+    "aqk": "*bf16", "aqb": "*bf16", "qw": "*bf16", "store_fwd_ops": "i32",
+    "fac": "*i32",
+    "cu_seqlens": "*i32", "chunk_map": "*i32",
+    "T": "i32", "H": "i32",
+    "n_items": "i32",
+}
+OPTIONS["split_exact"] = {"chunk_dplr_prep_kernel": "chunk_dplr_prep_exact_kernel",
+                          "chunk_dplr_prep_bwd_kernel": "chunk_dplr_prep_bwd_exact_kernel"}
+for _name, _exact in OPTIONS["split_exact"].items():
+    CONSTEXPRS[_exact], LAUNCH[_exact] = CONSTEXPRS[_name], LAUNCH[_name]
+    OPTIONS["persistent"].append(_exact)
