@@ -516,9 +516,10 @@ def main(argv: list[str] | None = None) -> int:
 
     day = C.stamp()
     report = C.Report(C.out_dir() / f"bench_{day}.json", script="bench")
-    results: dict[str, dict[str, Any]] = C.load_resume(args.resume, "bench")
+    machine = C.machine_info(device)
+    results: dict[str, dict[str, Any]] = C.load_resume(args.resume, "bench", machine)
     report.data = {
-        "machine": C.machine_info(device), "config": {**cfg, "shapes": [s.label for s in shapes], "systems": systems,
+        "machine": machine, "config": {**cfg, "shapes": [s.label for s in shapes], "systems": systems,
                                                      "varlen_lengths": list(VARLEN.lengths or ()), "argv": sys.argv[1:]},
         "systems": {s: {"label": C.SYSTEMS[s].label, "kwargs": dict(C.SYSTEMS[s].kwargs)} for s in systems},
         "definitions": DEFINITIONS,

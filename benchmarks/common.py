@@ -893,9 +893,16 @@ def run_jobs(
 LAST_DIR = Path.home() / ".cache" / "dplr-gen-bench"  # a copy of each script's latest JSON, for --resume last
 
 
-def load_resume(path: str | None, script: str = "") -> dict[str, dict[str, Any]]:
+# what an earlier run must share with this one for its results to stand beside this run's (--resume)
+RESUME_MATCH = ("gpu", "driver", "torch", "triton", "fla_core", "dplr_gen_source_sha")
+
+
+def load_resume(path: str | None, script: str = "", machine: Mapping[str, Any] | None = None,
+                ) -> dict[str, dict[str, Any]]:
     """Job results without an error from an earlier run's JSON ("results" key): they are not run again.
-    ``path`` "last" means this machine's copy of the script's previous JSON (kept while the machine is)."""
+    ``path`` "last" means this machine's copy of the script's previous JSON (kept while the machine is). With
+    ``machine`` (this run's machine_info), an earlier run on another GPU, driver, library release or dplr-gen
+    source (RESUME_MATCH) resumes nothing: its numbers would not compare with this run's."""
     if not path:
         return {}
     if path == "last":
@@ -905,6 +912,12 @@ def load_resume(path: str | None, script: str = "") -> dict[str, dict[str, Any]]
             return {}
         path = str(last)
     data = json.loads(Path(path).read_text())
+    if machine is not None:
+        then = data.get("machine", {})
+        differ = [f"{k} {then.get(k)!r} -> {machine.get(k)!r}" for k in RESUME_MATCH if then.get(k) != machine.get(k)]
+        if differ:
+            print(f"--resume {path}: not resumed, the earlier run differs ({'; '.join(differ)})", flush=True)
+            return {}
     return {j: {**r, "resumed_from": r.get("resumed_from", path)} for j, r in data.get("results", {}).items()
             if "error" not in r}
 

@@ -558,12 +558,13 @@ def main(argv: list[str] | None = None) -> int:
            "cache_dir": tempfile.mkdtemp(prefix="dplr-check-")}
     only = [p.strip() for p in args.only.split(",")] if args.only else None
     groups = job_groups(only)
-    results = C.load_resume(args.resume, "gpu_check")
+    machine = C.machine_info(device)
+    results = C.load_resume(args.resume, "gpu_check", machine)
     for c in WIDE:  # a resumed build is no package on this machine: build (or find) it again where it is needed
         if any(j.startswith(f"table:{c}:") and j not in results for g in groups for j in g):
             results.pop(f"build:{c}", None)
     report = C.Report(C.out_dir() / "gpu_check.json", script="gpu_check")
-    report.data = {"machine": C.machine_info(device), "config": {**cfg, "argv": sys.argv[1:]},
+    report.data = {"machine": machine, "config": {**cfg, "argv": sys.argv[1:]},
                    "criteria": {"bounds_o_ht_grad": BOUNDS, "no_worse_than_fla": f"err <= {FLA_FACTOR} * fla_err + {FLA_SLACK}",
                                 "compile_vs_eager": COMPILE_TOL, "scale": 5e-3,
                                 "report_raw": "fwd+bwd runs to completion; finiteness recorded, not judged"},

@@ -257,6 +257,13 @@ def test_run_jobs_restarts_after_a_crash_and_stops_at_the_deadline(tmp_path: Pat
     p = tmp_path / "prev.json"
     C.write_json(p, {"results": r})
     assert set(C.load_resume(str(p))) == {"a"} and C.load_resume(str(p))["a"]["resumed_from"] == str(p)
+    # an earlier run on another GPU, release or dplr-gen source resumes nothing; the same machine all it has
+    then = {"gpu": "NVIDIA H200", "driver": "580", "torch": "2.11", "triton": "3.6.0", "fla_core": "0.6.0",
+            "dplr_gen_source_sha": "abc"}
+    C.write_json(p, {"machine": then, "results": r})
+    assert set(C.load_resume(str(p), machine=then)) == {"a"}
+    for k in C.RESUME_MATCH:
+        assert C.load_resume(str(p), machine={**then, k: "other"}) == {}, k
 
 
 def test_bench_summary_ratios_floors_and_tables() -> None:
