@@ -893,16 +893,23 @@ def run_jobs(
 LAST_DIR = Path.home() / ".cache" / "dplr-gen-bench"  # a copy of each script's latest JSON, for --resume last
 
 
-# what an earlier run must share with this one for its results to stand beside this run's (--resume)
+# what an earlier run must share with this one for its results to stand beside this run's (--resume); where only
+# dplr-gen's source differs, the peers' results stand and dplr-gen's jobs run again
 RESUME_MATCH = ("gpu", "driver", "torch", "triton", "fla_core", "dplr_gen_source_sha")
+
+
+def dplr_job(job: str) -> bool:
+    """Whether a job (kind:system:...) times or checks dplr-gen, not a peer."""
+    return any(part.startswith("dplr") for part in job.split(":")[1:])
 
 
 def load_resume(path: str | None, script: str = "", machine: Mapping[str, Any] | None = None,
                 ) -> dict[str, dict[str, Any]]:
     """Job results without an error from an earlier run's JSON ("results" key): they are not run again.
     ``path`` "last" means this machine's copy of the script's previous JSON (kept while the machine is). With
-    ``machine`` (this run's machine_info), an earlier run on another GPU, driver, library release or dplr-gen
-    source (RESUME_MATCH) resumes nothing: its numbers would not compare with this run's."""
+    ``machine`` (this run's machine_info), an earlier run on another GPU, driver or library release (RESUME_MATCH)
+    resumes nothing: its numbers would not compare with this run's; one of another dplr-gen source resumes the
+    peers' jobs only."""
     if not path:
         return {}
     if path == "last":
@@ -912,14 +919,19 @@ def load_resume(path: str | None, script: str = "", machine: Mapping[str, Any] |
             return {}
         path = str(last)
     data = json.loads(Path(path).read_text())
+    keep: Callable[[str], bool] = lambda job: True  # noqa: E731
     if machine is not None:
         then = data.get("machine", {})
-        differ = [f"{k} {then.get(k)!r} -> {machine.get(k)!r}" for k in RESUME_MATCH if then.get(k) != machine.get(k)]
-        if differ:
-            print(f"--resume {path}: not resumed, the earlier run differs ({'; '.join(differ)})", flush=True)
+        differ = [k for k in RESUME_MATCH if then.get(k) != machine.get(k)]
+        why = "; ".join(f"{k} {then.get(k)!r} -> {machine.get(k)!r}" for k in differ)
+        if differ == ["dplr_gen_source_sha"]:
+            print(f"--resume {path}: the peers' results only (dplr-gen's source differs: {why})", flush=True)
+            keep = lambda job: not dplr_job(job)  # noqa: E731
+        elif differ:
+            print(f"--resume {path}: not resumed, the earlier run differs ({why})", flush=True)
             return {}
     return {j: {**r, "resumed_from": r.get("resumed_from", path)} for j, r in data.get("results", {}).items()
-            if "error" not in r}
+            if "error" not in r and keep(j)}
 
 
 def worker_cmd(script: Path, config: Mapping[str, Any]) -> list[str]:

@@ -262,8 +262,14 @@ def test_run_jobs_restarts_after_a_crash_and_stops_at_the_deadline(tmp_path: Pat
             "dplr_gen_source_sha": "abc"}
     C.write_json(p, {"machine": then, "results": r})
     assert set(C.load_resume(str(p), machine=then)) == {"a"}
-    for k in C.RESUME_MATCH:
+    for k in C.RESUME_MATCH[:-1]:
         assert C.load_resume(str(p), machine={**then, k: "other"}) == {}, k
+    # another dplr-gen source: the peers' jobs stand, dplr-gen's run again
+    C.write_json(p, {"machine": then, "results": {"speed:dplr-fast:4x4096x32x64": {"fwd_ms": 1.0},
+                                                  "speed:fla-best:4x4096x32x64": {"fwd_ms": 2.0},
+                                                  "decode:dplr-fused:1": {}, "decode:fla-mul:1": {}}})
+    assert set(C.load_resume(str(p), machine={**then, "dplr_gen_source_sha": "def"})) == {
+        "speed:fla-best:4x4096x32x64", "decode:fla-mul:1"}
 
 
 def test_bench_summary_ratios_floors_and_tables() -> None:
