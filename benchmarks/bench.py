@@ -425,7 +425,9 @@ def plot(speed: list[dict[str, Any]], path: Path, title: str) -> str | None:
     return None
 
 
-DEFAULT_SYSTEMS = ("dplr-fast", "fla-best", "dplr-generic", "wind-cuda")
+# run in this order, fla-core last: its first call of a new form may autotune for minutes (int32 cu_seqlens on a
+# machine whose autotune cache holds int64's choices: over 6 minutes on an H200), which must not take the others' time
+DEFAULT_SYSTEMS = ("dplr-fast", "dplr-generic", "wind-cuda", "fla-best")
 
 
 def job_groups(systems: list[str], shapes: list[C.Shape], args: Any, dry: bool) -> dict[str, list[str]]:
