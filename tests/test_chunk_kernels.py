@@ -814,8 +814,8 @@ def test_split_token_pass_takes_every_chunk_once(varlen, keep_states, strided, d
 
 def test_persistent_launch_grid(monkeypatch):
     """A persistent kernel gets min(items, resident programs an SM * SMs) programs where its binary's residency
-    is known, else one per item, and n_items as its last argument; any other kernel one program per item and no
-    argument."""
+    is known, else its residency at the most registers a thread may use, and n_items as its last argument; on
+    the CPU (the interpreter) one program per item; any other kernel one program per item and no argument."""
     class KS:
         def __init__(self, persistent, resident):
             self.persistent, self.resident = persistent, resident
@@ -826,14 +826,33 @@ def test_persistent_launch_grid(monkeypatch):
         def resident_per_sm(self, name, device):
             return self.resident
 
+        def resident_floor(self, name, device):
+            return 1
+
     monkeypatch.setattr(chunk_driver, "_device_sms", lambda device: 132)
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     k = chunk_driver.BWD
     assert chunk_driver.persistent_launch(KS([k], 2), k, 100000, gpu) == (264, [100000])
     assert chunk_driver.persistent_launch(KS([k], 2), k, 200, gpu) == (200, [200])
-    assert chunk_driver.persistent_launch(KS([k], None), k, 100000, gpu) == (100000, [100000])
+    assert chunk_driver.persistent_launch(KS([k], None), k, 100000, gpu) == (132, [100000])
+    assert chunk_driver.persistent_launch(KS([k], None), k, 100, gpu) == (100, [100])
     assert chunk_driver.persistent_launch(KS([k], 2), k, 100000, cpu) == (100000, [100000])
     assert chunk_driver.persistent_launch(KS([], 2), k, 100000, gpu) == (100000, [])
+
+
+def test_resident_floor_is_what_the_most_registers_allow(monkeypatch):
+    """A kernel whose binary is not known: the programs an SM holds at 255 registers a thread and its warps (two
+    of a 4-warp kernel, eight of a 1-warp one), at least one (16 warps at 255 registers fit none)."""
+    from types import SimpleNamespace
+
+    from dplr_gen.runtime import loader
+
+    monkeypatch.setattr(loader, "_sm_limits", lambda device: {"regs_sm": 65536, "threads_sm": 2048, "smem_sm": 233472})
+    module = SimpleNamespace(LAUNCH={"a": {"num_warps": 4}, "b": {"num_warps": 1}, "c": {"num_warps": 16}})
+    ks = loader.KernelSet(module, None)
+    gpu = torch.device("cuda", 0)
+    assert [ks.resident_floor(n, gpu) for n in "abc"] == [2, 8, 1]
+    assert ks.resident_per_sm("a", gpu) is None  # no binary: unknown, the floor is the caller's choice
 
 
 def test_token_pass_chunk_sizes_the_states():

@@ -303,12 +303,16 @@ def persistent_launch(ks, name: str, n_items: int, device: torch.device) -> tupl
     """(programs, trailing arguments) of a launch of kernel ``name`` over ``n_items`` work items. A persistent
     kernel (the variant's OPTIONS ``persistent``: each program walks items pid, pid + grid, ... and prefetches the
     next one's tiles) takes n_items as its last argument and gets as many programs as the device holds at once,
-    where its loaded binary tells (else one a work item, which it handles as well: its Triton form under the
-    interpreter, a kernel compiled at run time); any other kernel one program a work item and no argument."""
+    where its loaded binary tells; where it does not (a kernel compiled at run time) as many as its warps allow
+    at the most registers a thread may use, not one a work item: on RWKV-7 gates a split pass's second kernel
+    has no chunk to take, and 131,072 programs that return at once cost as much as a small kernel. Under the
+    interpreter one a work item; any other kernel one program a work item and no argument."""
     if name not in ks.option("persistent", ()):
         return n_items, []
-    resident = ks.resident_per_sm(name, device) if device.type == "cuda" else None
-    return (min(n_items, resident * _device_sms(device)) if resident else n_items), [n_items]
+    if device.type != "cuda":
+        return n_items, [n_items]
+    resident = ks.resident_per_sm(name, device) or ks.resident_floor(name, device)
+    return min(n_items, resident * _device_sms(device)), [n_items]
 
 
 def _launch_persistent(ks, name: str, n_items: int, device: torch.device, args: dict[str, Any]) -> None:

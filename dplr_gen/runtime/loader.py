@@ -71,6 +71,10 @@ def device_target(device: torch.device) -> str:
     return f"sm_{major * 10 + minor}"
 
 
+# the most registers one thread may use (sm_70 to sm_120)
+MAX_REGISTERS = 255
+
+
 def blocks_per_sm(regs: int, smem: int, warps: int, regs_sm: int = 65536, threads_sm: int = 2048,
                   smem_sm: int = 0) -> int:
     """Resident blocks per SM of a kernel with ``regs`` registers per thread, ``smem`` bytes of shared memory
@@ -125,6 +129,12 @@ class KernelSet:
                 res["n_regs"], getattr(k.metadata, "shared", 0), self.module.LAUNCH[name]["num_warps"],
                 **_sm_limits(device))
         return self._resident[key]
+
+    def resident_floor(self, name: str, device: torch.device) -> int:
+        """Programs of kernel ``name`` one SM of ``device`` holds at once at the most registers a thread may use
+        (255) and its warps: the count its registers allow whatever its binary, for a kernel whose binary is not
+        known (shared memory may allow fewer, whose programs then wait for a wave)."""
+        return max(1, blocks_per_sm(MAX_REGISTERS, 0, self.module.LAUNCH[name]["num_warps"], **_sm_limits(device)))
 
     def has(self, name: str) -> bool:
         """Whether the variant's source declares kernel ``name`` (optional kernels, e.g. *_small_kernel)."""
