@@ -411,3 +411,28 @@ def test_compat_check_command(tmp_path: Path) -> None:
     assert res.exit_code == 1, res.output
     assert "template chunk_dplr.py.jinja changed" in res.output
     assert "regenerate it with: dplr-gen compat --full --jobs 2\n" in res.output
+
+
+def test_pip_install_tries_again_without_its_cache_and_reports_every_attempt() -> None:
+    """A download altered on the way fails one attempt, not the compatibility run; every attempt failing
+    raises with each attempt's error."""
+    import subprocess as sp
+
+    seen: list[list[str]] = []
+
+    def flaky(fails: int):
+        def run(cmd, **kw):
+            seen.append(cmd)
+            ok = len(seen) > fails
+            return sp.CompletedProcess(cmd, 0 if ok else 1, "", "" if ok else f"HASHES DO NOT MATCH ({len(seen)})")
+        return run
+
+    c._pip_install(Path("py"), ["triton==3.2.0"], "triton", run=flaky(2), pause=lambda s: None)
+    assert len(seen) == 3
+    assert "--no-cache-dir" not in seen[0] and all("--no-cache-dir" in cmd for cmd in seen[1:])
+    assert all(cmd[-1] == "triton==3.2.0" for cmd in seen)
+
+    seen.clear()
+    with pytest.raises(RuntimeError, match=r"in 3 attempts.*\(1\).*\(2\).*\(3\)"):
+        c._pip_install(Path("py"), ["triton==3.2.0"], "triton", run=flaky(5), pause=lambda s: None)
+    assert len(seen) == 3

@@ -139,6 +139,32 @@ def _child_triton(python: str) -> str:
     return proc.stdout.strip()
 
 
+PIP_ATTEMPTS = 3
+
+
+def _pip_install(python: Path, requirements: Sequence[str], what: str, log: Log = _quiet,
+                 attempts: int = PIP_ATTEMPTS, run: Callable[..., Any] = subprocess.run,
+                 pause: Callable[[float], None] = time.sleep) -> None:
+    """``pip install`` into ``python``'s environment, tried up to ``attempts`` times.
+
+    A download cut or altered on the way (pip then reports hashes that do not match, or a read timeout) fails
+    one attempt, not the build: later attempts bypass pip's cache, so a bad file it kept is fetched again. The
+    error, if every attempt fails, carries each attempt's last lines."""
+    errors: list[str] = []
+    for attempt in range(1, attempts + 1):
+        cmd = [str(python), "-m", "pip", "install", "--quiet", *(["--no-cache-dir"] if attempt > 1 else []),
+               *requirements]
+        proc = run(cmd, capture_output=True, text=True, timeout=1800)
+        if proc.returncode == 0:
+            return
+        tail = (proc.stderr or proc.stdout or "").strip()[-800:]
+        errors.append(f"attempt {attempt}: {tail}")
+        if attempt < attempts:
+            log(f"pip could not install {what} (attempt {attempt} of {attempts}); trying again without its cache")
+            pause(min(30.0, 5.0 * attempt))
+    raise RuntimeError(f"pip could not install {what} in {attempts} attempts: " + " | ".join(errors))
+
+
 def ensure_venv(version: Version, root: Path | None = None, log: Log = _quiet) -> str:
     """The interpreter of a virtual environment holding Triton ``version``; created on first use.
 
@@ -159,14 +185,7 @@ def ensure_venv(version: Version, root: Path | None = None, log: Log = _quiet) -
         t0 = time.perf_counter()
         log(f"creating {venv} (Triton {version})")
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, text=True)
-        proc = subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", f"triton=={version}", *VENV_PACKAGES],
-            capture_output=True, text=True, timeout=1800,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"pip could not install triton=={version} into {venv}: {(proc.stderr or proc.stdout).strip()[-800:]}"
-            )
+        _pip_install(python, [f"triton=={version}", *VENV_PACKAGES], f"triton=={version} into {venv}", log)
         got = _child_triton(str(python))
         if Version(got) != version:
             raise RuntimeError(f"{venv} holds Triton {got}, not {version}")
