@@ -632,3 +632,43 @@ def test_torch_floor_op_has_the_op_form() -> None:
     assert torch.equal(grads[C.INPUTS.index("v")], do)
     assert C.max_diff([o], [o.clone()]) == 0.0 and C.max_diff([o], [o + 1]) == pytest.approx(1.0, rel=1e-5)
     assert C.max_diff([o], [ht]) == math.inf
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_memory_peak_counts_without_running_what_a_run_allocates(tmp_path: Path) -> None:
+    """scripts/memory_peak.py: with every launch skipped the driver allocates and frees exactly as in a run (fp16,
+    where the interpreter runs the same variant, dense and varlen, both gate modes), the peak is the sum of the
+    buffers it lists, each named by the driver function that allocated it; the dry run writes its JSON."""
+    mp = _load_script("memory_peak")
+    package = C.dry_run_package()
+    for shape in bench.DRY_SHAPES:
+        for bound in (-0.61, None):
+            skipped = mp.count(package, shape, bound, dtype="float16")
+            ran = mp.count(package, shape, bound, dtype="float16", launch=True)
+            assert skipped["variant"] == ran["variant"] and "fp16" in skipped["variant"]
+            assert (skipped["peak_bytes"], skipped["allocations"]) == (ran["peak_bytes"], ran["allocations"])
+            assert skipped["at_peak"] == ran["at_peak"]
+            assert skipped["peak_bytes"] == sum(b["bytes"] for b in skipped["at_peak"]) > 0
+            assert all(b["allocated_by"].startswith("chunk_") for b in skipped["at_peak"]), skipped["at_peak"]
+            # the backward's states: h and dh (fp32 every 16 tokens for fp16 variants) are both alive at the peak
+            states = shape.N * shape.H * -(-max(shape.lengths or (shape.T,)) // 16) * shape.D * shape.D * 4
+            assert skipped["peak_bytes"] >= 2 * states if shape.lengths is None else skipped["peak_bytes"] > states
+
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "memory_peak.py"), "--dry-run", "--bounds", "none"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads((tmp_path / "memory_peak_dry_run.json").read_text())
+    assert list(d["cases"]) == [f"{s.label}, lower_bound=None" for s in bench.DRY_SHAPES]
+    assert all("bf16" in r["variant"] and r["peak_x"] > 0 for r in d["cases"].values())
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "memory_peak.py"), "--bounds", "x"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert bad.returncode == 2 and "--bounds" in bad.stderr

@@ -589,3 +589,16 @@ def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path
         model = 2 * small + max(forward, reverse_pass, token_pass)
     assert peak[0] <= model, f"peak {peak[0]} B, model {model} B"
     assert peak[0] >= 2 * states + 5 * token  # the tracker saw the backward
+
+
+def test_launches_skipped_leave_every_output_unwritten(pkg) -> None:
+    """DriverOptions.launch=False (scripts/memory_peak.py): no kernel runs, so the NaN-poisoned outputs and
+    gradients stay NaN, and launching again computes as before."""
+    x = rwkv7_inputs(1, 37, 2, 32, dtype=torch.float32)
+    with chunk_driver.forced(launch=False):
+        o, ht, xs = run_op(pkg, x, lower_bound=-0.61)
+        grads = torch.autograd.grad((o, ht), [xs[n] for n in NAMES], (torch.randn_like(o), torch.randn_like(ht)))
+    assert o.isnan().all() and ht.isnan().all() and all(g.isnan().all() for g in grads)
+    o, ht, _ = run_op(pkg, x, lower_bound=-0.61)
+    ro, rht, _ = reference_with_grads(x, None, None, torch.randn_like(o), torch.randn_like(ht))
+    assert rel_err(o, ro) <= 1e-5 and rel_err(ht, rht) <= 1e-5

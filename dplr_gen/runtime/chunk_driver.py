@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -61,6 +61,11 @@ class DriverOptions:
     # force the state passes over this many segments per sequence wherever the variant has the segmented passes
     # (0 or 1: one walk); None: by ``segments``' rule
     segments: int | None = None
+    # False: every launch skipped (the buffers are allocated and freed as in a real call, never written), for
+    # counting memory at any shape without running a kernel (scripts/memory_peak.py)
+    launch: bool = True
+    # called with each buffer the driver allocates, as it is allocated (scripts/memory_peak.py)
+    on_alloc: Callable[[torch.Tensor], None] | None = None
 
 
 # the options in force: process-wide, not per thread or context (the autograd engine runs a CUDA backward on a
@@ -68,7 +73,7 @@ class DriverOptions:
 OPTIONS = DriverOptions()
 
 
-def with_options(**choices: bool | int | None) -> DriverOptions:
+def with_options(**choices: Any) -> DriverOptions:
     """The options in force with ``choices`` (DriverOptions fields) replaced."""
     valid = [f.name for f in dataclasses.fields(DriverOptions)]
     unknown = sorted(set(choices) - set(valid))
@@ -78,7 +83,7 @@ def with_options(**choices: bool | int | None) -> DriverOptions:
 
 
 @contextlib.contextmanager
-def forced(**choices: bool | int | None) -> Iterator[DriverOptions]:
+def forced(**choices: Any) -> Iterator[DriverOptions]:
     """The driver under ``with_options(**choices)`` until the block ends."""
     global OPTIONS
     before = OPTIONS
@@ -111,8 +116,12 @@ def _cdiv(a: int, b: int) -> int:
 
 def _empty(shape, dtype, device) -> torch.Tensor:
     if OPTIONS.poison:  # (integers: -1, which no kernel reads as a valid flag or index)
-        return torch.full(shape, float("nan") if dtype.is_floating_point else -1, dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
+        t = torch.full(shape, float("nan") if dtype.is_floating_point else -1, dtype=dtype, device=device)
+    else:
+        t = torch.empty(shape, dtype=dtype, device=device)
+    if OPTIONS.on_alloc is not None:
+        OPTIONS.on_alloc(t)
+    return t
 
 
 # each part of _empty_parts starts at a multiple of this many elements (256 bytes in bf16): the kernels are
@@ -247,7 +256,8 @@ def _launch(ks, name: str, grid: tuple[int, ...], args: dict[str, Any]) -> None:
     twin = ks.option("divisible_t", {}).get(name)  # the same kernel built for T divisible by 16 (knob divisible_t)
     if twin is not None and args["T"] % 16 == 0:
         name = twin
-    getattr(ks, name)[grid](*values)
+    if OPTIONS.launch:
+        getattr(ks, name)[grid](*values)
 
 
 def _segmented_pass(ks, maps: str, kernel: str, seg: tuple[int, int], NH: int, K: int, V: int,

@@ -439,6 +439,13 @@ class _EagerOp(torch.autograd.Function):
 # public API
 
 
+def _launching() -> bool:
+    """Whether the chunk driver launches its kernels (chunk_driver.DriverOptions.launch)."""
+    from . import chunk_driver
+
+    return chunk_driver.OPTIONS.launch
+
+
 def _check_keywords(chunk_size: Any, lower_bound: Any) -> None:
     if chunk_size is not None and chunk_size not in (16, 32, 64):
         raise ValueError(f"chunk_size must be 16, 32 or 64 (or None for the spec's choice), got {chunk_size!r}")
@@ -514,9 +521,10 @@ def _run(
     if pooled:
         state_indices = _state_pool(state_indices, initial_state, info["N"], info["H"], info["K"], info["V"],
                                     q.device, grad)
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and _launching():
         # Triton's interpreter computes bf16 dots wrongly (off by orders of magnitude): run on float32 copies
-        # and round the output to bf16; autograd rounds the gradients back to the inputs' dtypes
+        # and round the output to bf16; autograd rounds the gradients back to the inputs' dtypes (with every
+        # launch skipped nothing is computed, and the bf16 variant's buffers are what is counted)
         o, ht = _run(op, package, names, tuple(t.float() for t in tensors), scale, initial_state,
                      output_final_state, cu_seqlens, cu_seqlens_cpu, chunk_size, lower_bound, keep_states,
                      state_indices=state_indices, mul_ab=mul_ab)
