@@ -12,9 +12,11 @@ it is freed; the peak is the largest total alive at once. Per case:
   peak_x          the same in X, one [B, T, H, K] tensor of the input dtype;
   at_peak         those buffers, largest first: bytes, shape, dtype and the driver function that allocated each;
   allocations     how many buffers the call allocated.
-The count is the one-stream order: on a GPU where the states pass runs beside the reverse pass (both grids fit
-at once; chunk_driver._overlap) the reverse pass's operands are still alive when the states pass allocates, and
-the measured peak is higher by them. Writes $OUT/memory_peak_<package folder name>.json (./ without $OUT).
+Each case counts in both orders of the backward's passes (--orders): one_stream, the reverse pass first (a GPU
+runs it so where the two grids do not fit at once, and for host-bound shapes), and side_by_side, the states pass
+beside the reverse pass (a GPU runs it so where both fit, chunk_driver._overlap: the reverse pass's operands are
+then alive beside h and U); on the CPU the second is the same buffers, one pass after the other. Writes
+$OUT/memory_peak_<package folder name>.json (./ without $OUT).
 --dry-run: tiny shapes, the Hopper spec rendered into a temporary folder.
 """
 
@@ -69,10 +71,14 @@ class Tracker:
             self.total -= nbytes
 
 
-def count(package: str, shape: C.Shape, bound: float | None, dtype: str = "bfloat16",
+ORDERS = {"one_stream": False, "side_by_side": True}  # -> DriverOptions.overlap
+
+
+def count(package: str, shape: C.Shape, bound: float | None, order: str = "one_stream", dtype: str = "bfloat16",
           launch: bool = False) -> dict[str, Any]:
-    """One case's count (the fields above). ``launch``: run the kernels too (Triton's interpreter: tiny shapes
-    only; a bf16 call then runs the fp32 variant, as every bf16 call on the CPU does)."""
+    """One case's count (the fields above) in the backward's ``order`` (ORDERS). ``launch``: run the kernels
+    too (Triton's interpreter: tiny shapes only; a bf16 call then runs the fp32 variant, as every bf16 call on
+    the CPU does)."""
     import torch
 
     from dplr_gen.runtime import chunk_driver, ops
@@ -86,7 +92,7 @@ def count(package: str, shape: C.Shape, bound: float | None, dtype: str = "bfloa
     names = [n for n in C.INPUTS if xl.get(n) is not None]
     tracker = Tracker()
     t0 = time.perf_counter()
-    with chunk_driver.forced(launch=launch, on_alloc=tracker):
+    with chunk_driver.forced(launch=launch, on_alloc=tracker, overlap=ORDERS[order]):
         o, ht = ops.chunk_rwkv7(xl["r"], xl["w"], xl["k"], xl["v"], xl["a"], xl["b"], initial_state=xl["h0"],
                                 output_final_state=True, cu_seqlens=cu, package=package_at(package),
                                 lower_bound=bound)
@@ -106,8 +112,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--package", default="generated/hopper")
     ap.add_argument("--bounds", default="-0.61,none",
                     help="comma list of lower_bound values; none: the call without it (any-gate variants)")
+    ap.add_argument("--orders", default=",".join(ORDERS),
+                    help="comma list of the backward's pass orders: one_stream (the reverse pass first) and/or "
+                         "side_by_side (the states pass beside the reverse pass, as a GPU runs it where both "
+                         "grids fit)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
+    args.order_list = [o.strip() for o in args.orders.split(",")]
+    if not set(args.order_list) <= set(ORDERS):
+        ap.error(f"--orders {args.orders!r}: valid are {', '.join(ORDERS)}")
     try:
         args.bound_values = [None if b.strip() == "none" else float(b) for b in args.bounds.split(",")]
     except ValueError:
@@ -134,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     package = C.dry_run_package() if args.dry_run else args.package
     cases: dict[str, Any] = {}
     for shape in args.shape_list:
-        for bound in args.bound_values:
-            key = f"{shape.label}, lower_bound={bound}"
-            cases[key] = count(package, shape, bound)
+        for bound, order in ((b, o) for b in args.bound_values for o in args.order_list):
+            key = f"{shape.label}, lower_bound={bound}, {order}"
+            cases[key] = count(package, shape, bound, order)
             r = cases[key]
             print(f"{key}: peak {r['peak_gb']} GB = {r['peak_x']} X ({r['variant']}, {r['allocations']} buffers)")
             for b in r["at_peak"][:8]:

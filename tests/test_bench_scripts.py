@@ -644,13 +644,16 @@ def _load_script(name: str):
 def test_memory_peak_counts_without_running_what_a_run_allocates(tmp_path: Path) -> None:
     """scripts/memory_peak.py: with every launch skipped the driver allocates and frees exactly as in a run (fp16,
     where the interpreter runs the same variant, dense and varlen, both gate modes), the peak is the sum of the
-    buffers it lists, each named by the driver function that allocated it; the dry run writes its JSON."""
+    buffers it lists, each named by the driver function that allocated it, and the side-by-side order holds
+    more; the dry run writes its JSON, both orders per case."""
     mp = _load_script("memory_peak")
     package = C.dry_run_package()
     for shape in bench.DRY_SHAPES:
         for bound in (-0.61, None):
             skipped = mp.count(package, shape, bound, dtype="float16")
             ran = mp.count(package, shape, bound, dtype="float16", launch=True)
+            side = mp.count(package, shape, bound, "side_by_side", dtype="float16")
+            assert side["peak_bytes"] > skipped["peak_bytes"]  # the reverse pass's operands beside h and U
             assert skipped["variant"] == ran["variant"] and "fp16" in skipped["variant"]
             assert (skipped["peak_bytes"], skipped["allocations"]) == (ran["peak_bytes"], ran["allocations"])
             assert skipped["at_peak"] == ran["at_peak"]
@@ -667,8 +670,12 @@ def test_memory_peak_counts_without_running_what_a_run_allocates(tmp_path: Path)
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     d = json.loads((tmp_path / "memory_peak_dry_run.json").read_text())
-    assert list(d["cases"]) == [f"{s.label}, lower_bound=None" for s in bench.DRY_SHAPES]
+    assert list(d["cases"]) == [f"{s.label}, lower_bound=None, {o}" for s in bench.DRY_SHAPES
+                                for o in ("one_stream", "side_by_side")]
     assert all("bf16" in r["variant"] and r["peak_x"] > 0 for r in d["cases"].values())
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "memory_peak.py"), "--bounds", "x"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert bad.returncode == 2 and "--bounds" in bad.stderr
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "memory_peak.py"), "--orders", "reverse"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert bad.returncode == 2 and "one_stream, side_by_side" in bad.stderr

@@ -602,3 +602,36 @@ def test_launches_skipped_leave_every_output_unwritten(pkg) -> None:
     o, ht, _ = run_op(pkg, x, lower_bound=-0.61)
     ro, rht, _ = reference_with_grads(x, None, None, torch.randn_like(o), torch.randn_like(ht))
     assert rel_err(o, ro) <= 1e-5 and rel_err(ht, rht) <= 1e-5
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_states_pass_before_the_reverse_pass_changes_no_result(pkg, varlen: bool) -> None:
+    """The backward's two passes in the side-by-side order (the states pass first, forced with
+    DriverOptions.overlap; on the CPU one after the other on one stream) give the gradients of the one-stream
+    order (reverse pass first) bit for bit; it holds more at once: the reverse pass's operands beside h and U."""
+    import weakref
+
+    cu = torch.tensor([0, 17, 20, 53], dtype=torch.int64) if varlen else None
+    x = rwkv7_inputs(1 if varlen else 2, 53 if varlen else 37, 2, 32, dtype=torch.float32, initial_state=not varlen)
+    if varlen:
+        x["initial_state"] = torch.randn(3, 2, 32, 32)
+    do, dht = None, None
+    results, peaks = {}, {}
+    for order in (False, True):
+        live, peak = {}, [0]
+
+        def tracked(t: torch.Tensor) -> None:
+            live[id(t)] = t.numel() * t.element_size()
+            weakref.finalize(t, live.pop, id(t), None)
+            peak[0] = max(peak[0], sum(live.values()))
+
+        with chunk_driver.forced(overlap=order, on_alloc=tracked, poison=True):
+            o, ht, xs = run_op(pkg, x, cu_seqlens=cu)
+            if do is None:
+                do, dht = torch.randn_like(o), torch.randn_like(ht)
+            grads = torch.autograd.grad((o, ht), [xs[n] for n in NAMES], (do, dht))
+        results[order], peaks[order] = [g.clone() for g in grads], peak[0]
+    for n, a, b in zip(NAMES, results[False], results[True]):
+        assert torch.equal(a, b), n
+    assert not any(g.isnan().any() for g in results[True])
+    assert peaks[True] > peaks[False]

@@ -782,12 +782,14 @@ def _overlap(ks, q: torch.Tensor, N: int, V: int, offsets: list[int] | None = No
     the pass, which the other pass fills.
     Never while a CUDA graph is being captured (torch.cuda.graphs, torch.compile's reduce-overhead): a captured
     backward keeps one stream, the form gpu_check's 'graph' job checks (a side stream inside a capture and its
-    memory's lifetime across replays are not checked)."""
-    if not q.is_cuda or _capturing():
+    memory's lifetime across replays are not checked). DriverOptions.overlap forces it either way, on the CPU
+    too, where the states pass then runs before the reverse pass on the one stream with the same buffers alive
+    (the order whose memory scripts/memory_peak.py counts, and whose results tests compare)."""
+    if q.is_cuda and _capturing():
         return False
     if OPTIONS.overlap is not None:
         return OPTIONS.overlap
-    if not ks.option("overlap_state_passes", False):
+    if not q.is_cuda or not ks.option("overlap_state_passes", False):
         return False
     if q.shape[0] * q.shape[1] * q.shape[2] < OVERLAP_MIN_TOKEN_HEADS:
         return False
@@ -841,9 +843,10 @@ def _states_beside_reverse_pass(ks, v, saved, pr: Prep, do: torch.Tensor, dht: t
     sequential programs, too few to fill the device alone. The current stream waits for the side one before
     the token pass."""
     dev = saved["q"].device
-    side = _side_stream(dev)
+    side = _side_stream(dev) if dev.type == "cuda" else None  # (the CPU: one after the other, _overlap)
     h, u, held = chunk_states(ks, v, saved, pr, side=side)
     dh, dr, dh0, dv = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
-    torch.cuda.current_stream(dev).wait_stream(side)
+    if side is not None:
+        torch.cuda.current_stream(dev).wait_stream(side)
     del held  # only now: every later use of their memory on the current stream follows the side stream's pass
     return h, u, dh, dr, dh0, dv
