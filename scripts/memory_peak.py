@@ -91,13 +91,13 @@ def count(package: str, shape: C.Shape, bound: float | None, order: str = "one_s
     xl = C.leaves(x)
     names = [n for n in C.INPUTS if xl.get(n) is not None]
     tracker = Tracker()
+    pkg = package_at(package)
     t0 = time.perf_counter()
     with chunk_driver.forced(launch=launch, on_alloc=tracker, overlap=ORDERS[order]):
         o, ht = ops.chunk_rwkv7(xl["r"], xl["w"], xl["k"], xl["v"], xl["a"], xl["b"], initial_state=xl["h0"],
-                                output_final_state=True, cu_seqlens=cu, package=package_at(package),
-                                lower_bound=bound)
+                                output_final_state=True, cu_seqlens=cu, package=pkg, lower_bound=bound)
         grads = torch.autograd.grad((o, ht), [xl[n] for n in names], (do, dht))
-        variant = ops.variant_for(package_at(package), "chunk", xl["r"], xl["v"], xl["w"], cu, None, bound)
+        variant = ops.variant_for(pkg, "chunk", xl["r"], xl["v"], xl["w"], cu, None, bound)
     del o, ht, grads
     x_bytes = shape.B * shape.T * shape.H * shape.D * x["r"].element_size()
     return {"variant": variant, "peak_bytes": tracker.peak, "peak_gb": round(tracker.peak / 1e9, 3),

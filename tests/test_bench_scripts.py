@@ -25,15 +25,16 @@ from dplr_gen.spec.models import Spec
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load_gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+def _load_script(name: str):
+    """scripts/<name>.py as a module (registered under its name: dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = mod  # dataclasses look their module up there
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
-gpu_check = _load_gpu_check()
+gpu_check = _load_script("gpu_check")
 
 
 def test_floor_matches_the_measured_peer_numbers() -> None:
@@ -632,13 +633,6 @@ def test_torch_floor_op_has_the_op_form() -> None:
     assert torch.equal(grads[C.INPUTS.index("v")], do)
     assert C.max_diff([o], [o.clone()]) == 0.0 and C.max_diff([o], [o + 1]) == pytest.approx(1.0, rel=1e-5)
     assert C.max_diff([o], [ht]) == math.inf
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_memory_peak_counts_without_running_what_a_run_allocates(tmp_path: Path) -> None:

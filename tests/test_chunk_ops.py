@@ -539,6 +539,21 @@ def test_fused_recurrent_backward_through_chunk_kernels(tmp_path_factory: pytest
         assert rel_err(xs[n].grad, rg[n]) <= 1e-5, n
 
 
+def _peak_tracker() -> tuple[Any, list[int]]:
+    """(an on_alloc callback for DriverOptions, [the most bytes of the driver's buffers alive at once so far])."""
+    import weakref
+
+    live: dict[int, int] = {}
+    peak = [0]
+
+    def tracked(t: torch.Tensor) -> None:
+        live[id(t)] = t.numel() * t.element_size()
+        weakref.finalize(t, live.pop, id(t), None)
+        peak[0] = max(peak[0], sum(live.values()))
+
+    return tracked, peak
+
+
 @pytest.mark.parametrize("keep_states", [False, True])
 def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path, monkeypatch: pytest.MonkeyPatch,
                                                                        keep_states: bool) -> None:
@@ -553,21 +568,9 @@ def test_backward_peak_memory_is_the_states_and_one_buffer_per_gradient(tmp_path
     too, beside h and U; it hands the backward that prep without the states pass's operands (W, M,
     (B e^..)^T), so the backward runs no prep and no states pass, and the reverse pass holds the rest beside h
     and U; then the token pass, with dq in a buffer of its own (U is the forward's)."""
-    import weakref
-
-    live: dict[int, int] = {}
-    peak = [0]
-    real = chunk_driver._empty
-
-    def tracked(shape, dtype, device):
-        t = real(shape, dtype, device)
-        live[id(t)] = t.numel() * t.element_size()
-        weakref.finalize(t, live.pop, id(t), None)
-        peak[0] = max(peak[0], sum(live.values()))
-        return t
-
+    tracked, peak = _peak_tracker()
     gpkg = render_package(tmp_path, GATE_SPEC, "gate_dtype_test")  # gk read in fp16, as RWKV-7's w
-    monkeypatch.setattr(chunk_driver, "_empty", tracked)
+    monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(on_alloc=tracked))
     B, T, H, K = 1, 64, 2, 32
     x = rwkv7_inputs(B, T, H, K, dtype=torch.float16)
     o, ht, xs = run_op(gpkg, x, lower_bound=-0.61, disable_recompute=keep_states)
@@ -609,8 +612,6 @@ def test_states_pass_before_the_reverse_pass_changes_no_result(pkg, varlen: bool
     """The backward's two passes in the side-by-side order (the states pass first, forced with
     DriverOptions.overlap; on the CPU one after the other on one stream) give the gradients of the one-stream
     order (reverse pass first) bit for bit; it holds more at once: the reverse pass's operands beside h and U."""
-    import weakref
-
     cu = torch.tensor([0, 17, 20, 53], dtype=torch.int64) if varlen else None
     x = rwkv7_inputs(1 if varlen else 2, 53 if varlen else 37, 2, 32, dtype=torch.float32, initial_state=not varlen)
     if varlen:
@@ -618,13 +619,7 @@ def test_states_pass_before_the_reverse_pass_changes_no_result(pkg, varlen: bool
     do, dht = None, None
     results, peaks = {}, {}
     for order in (False, True):
-        live, peak = {}, [0]
-
-        def tracked(t: torch.Tensor) -> None:
-            live[id(t)] = t.numel() * t.element_size()
-            weakref.finalize(t, live.pop, id(t), None)
-            peak[0] = max(peak[0], sum(live.values()))
-
+        tracked, peak = _peak_tracker()
         with chunk_driver.forced(overlap=order, on_alloc=tracked, poison=True):
             o, ht, xs = run_op(pkg, x, cu_seqlens=cu)
             if do is None:
