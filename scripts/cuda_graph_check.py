@@ -8,7 +8,8 @@ outputs and gradients are compared with an eager call on the new values (relativ
 run, so the bound is tight). Cases: chunk_rwkv7 dense with and without lower_bound, varlen with int64 and int32
 cu_seqlens (its values changed between capture and replay), the forward alone, forward+backward through
 torch.cuda.make_graphed_callables (graphed once, called on new leaves, against eager); fused_recurrent_rwkv7,
-fused_mul_recurrent_rwkv7 and the state-pool form (ssm_state_indices) as decode steps.
+fused_mul_recurrent_rwkv7 and the state-pool form (ssm_state_indices) as decode steps. Without lower_bound, mixed gates
+(K = 64 and 128) put some chunks on the any-gate variants' exact form, other chunks at replay than at capture.
 """
 
 from __future__ import annotations
@@ -34,15 +35,19 @@ def _compare(replayed: Any, eager: Any) -> float:
 
 
 def chunk_case(pkg: Any, lengths: list[int] | None, cu_dtype: str, lower_bound: float | None,
-               backward: bool, seed: int) -> dict[str, Any]:
+               backward: bool, seed: int, D: int = 64, gates: str = "rwkv7") -> dict[str, Any]:
+    """``gates`` "mixed" (benchmarks.common.mixed_gates): some chunks take the any-gate variants' exact form; the
+    replay's gates are shifted by 48 tokens, so that other chunks do (the flags are found on the device)."""
     import torch
 
     from dplr_gen.runtime import ops
 
     T = 512 if lengths is None else sum(lengths)
     B = 2 if lengths is None else 1
-    x = C.rwkv7_case(B, T, 4, 64, dtype=torch.bfloat16, device="cuda", seed=seed,
+    x = C.rwkv7_case(B, T, 4, D, dtype=torch.bfloat16, device="cuda", seed=seed,
                      n_states=None if lengths is None else len(lengths))
+    if gates == "mixed":
+        C.mixed_gates(x["w"])
     do, dht = C.grad_outputs(x, seed)
     cu = None if lengths is None else torch.tensor(C.cu_seqlens_of(lengths), dtype=getattr(torch, cu_dtype),
                                                    device="cuda")
@@ -58,8 +63,11 @@ def chunk_case(pkg: Any, lengths: list[int] | None, cu_dtype: str, lower_bound: 
 
     g, static = C.capture(call, warm=2)
     # new values in the same tensors (and, varlen, other lengths: the same count, the same total)
-    y = C.rwkv7_case(B, T, 4, 64, dtype=torch.bfloat16, device="cuda", seed=seed + 1,
+    y = C.rwkv7_case(B, T, 4, D, dtype=torch.bfloat16, device="cuda", seed=seed + 1,
                      n_states=None if lengths is None else len(lengths))
+    if gates == "mixed":
+        C.mixed_gates(y["w"])
+        y["w"] = torch.roll(y["w"], 48, dims=1)
     with torch.no_grad():
         for n in C.INPUTS:
             leaves[n].copy_(y[n])
@@ -145,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     cases: dict[str, Callable[[], dict[str, Any]]] = {
         "chunk dense, lower_bound, fwd+bwd": lambda: chunk_case(pkg, None, "int64", C.GATE_BOUND, True, 1),
         "chunk dense, no lower_bound, fwd+bwd": lambda: chunk_case(pkg, None, "int64", None, True, 2),
+        "chunk dense, no lower_bound, mixed gates, fwd+bwd": lambda: chunk_case(pkg, None, "int64", None, True, 12,
+                                                                               gates="mixed"),
+        "chunk dense D=128, no lower_bound, mixed gates, fwd+bwd": lambda: chunk_case(pkg, None, "int64", None, True,
+                                                                                     13, D=128, gates="mixed"),
+        "chunk dense D=128, lower_bound, fwd+bwd": lambda: chunk_case(pkg, None, "int64", C.GATE_BOUND, True, 14,
+                                                                     D=128),
         "chunk dense, lower_bound, fwd": lambda: chunk_case(pkg, None, "int64", C.GATE_BOUND, False, 3),
         "chunk varlen int64, lower_bound, fwd+bwd": lambda: chunk_case(pkg, lens, "int64", C.GATE_BOUND, True, 4),
         "chunk varlen int32, no lower_bound, fwd+bwd": lambda: chunk_case(pkg, lens, "int32", None, True, 5),
