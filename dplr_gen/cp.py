@@ -410,7 +410,7 @@ class _Piece:
         self.saved = cd.saved_for_backward(ks, var, q, k, v, a, b, g, h0, None, self.scale, None)
         self.pr = cd.chunk_prep(ks, var, q, k, a, b, g, None, self.saved["n_slots"], for_bwd=True)
         # the states pass beside the maps and the reverse pass, where the op runs it so
-        self.side = cd._side_stream(self.dev) if self.dev.type == "cuda" and cd._overlap(ks, q, 1, self.V) else None
+        self.side = cd._side_stream(self.dev) if cd._overlap(ks, q, 1, self.V) else None
         self.h, self.u, self.held = cd.chunk_states(ks, var, self.saved, self.pr, side=self.side)
         self.seg = _plan(ks, self.T, self.H, self.V, self.dev, "segments_bwd")
         n, per = self.seg

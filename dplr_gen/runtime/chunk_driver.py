@@ -721,7 +721,7 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
     dev = h.device
     H = inputs[0].shape[2]
     TC = token_chunk(twin)
-    side = _side_stream(dev) if dev.type == "cuda" else None
+    side = _side_stream(dev)
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
     for i, (bos, eos, first) in enumerate(seqs):
@@ -833,8 +833,10 @@ def grids_fit(grids: list[tuple[float, int | None]], sms: int) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device=device)
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A new stream beside the current one on a CUDA device; None elsewhere (the CPU runs the same launches one
+    after the other, in the order they are issued)."""
+    return torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
 
 def _states_beside_reverse_pass(ks, v, saved, pr: Prep, do: torch.Tensor, dht: torch.Tensor | None):
@@ -843,7 +845,7 @@ def _states_beside_reverse_pass(ks, v, saved, pr: Prep, do: torch.Tensor, dht: t
     sequential programs, too few to fill the device alone. The current stream waits for the side one before
     the token pass."""
     dev = saved["q"].device
-    side = _side_stream(dev) if dev.type == "cuda" else None  # (the CPU: one after the other, _overlap)
+    side = _side_stream(dev)
     h, u, held = chunk_states(ks, v, saved, pr, side=side)
     dh, dr, dh0, dv = chunk_dplr_bwd_dh(ks, v, saved, pr, do, dht)
     if side is not None:
