@@ -2,9 +2,10 @@
 # One command on the GPU machine: install the carried wheels, build the hopper package, run the checks and/or
 # the benchmark. Everything is logged to $OUT/run_gpu_<mode>.log; results land in $OUT (see the scripts).
 #
-#   scripts/run_gpu.sh check|bench|graphs|cold|model|examples|fla-tests|profile|all [extra arguments for the script]
+#   scripts/run_gpu.sh check|bench|graphs|cold|model|examples|fla-tests|profile|streams|all [extra arguments for the script]
 #
-# profile: scripts/kernel_profile.py (GPU time per kernel, host time per call); graphs: scripts/cuda_graph_check.py (every op form captured and replayed); cold: scripts/cold_start.py;
+# profile: scripts/kernel_profile.py (GPU time per kernel, host time per call); streams: benchmarks/varlen_streams.py
+# (the varlen backward's two stream choices against each other and fla-core); graphs: scripts/cuda_graph_check.py (every op form captured and replayed); cold: scripts/cold_start.py;
 # model: scripts/fla_model_check.py (fla-core's RWKV-7 model with and without dplr_gen.integrations.fla);
 # examples: examples/generate.py --verify, then on 2 or more GPUs examples/train_cp.py under torchrun;
 # fla-tests: fla-core's op tests (one GPU) or its context-parallel tests (2 or more) with the imports swapped
@@ -21,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
 shift || true
-case "$MODE" in check|bench|graphs|cold|model|examples|fla-tests|profile|all) ;; *) echo "usage: $0 check|bench|graphs|cold|model|examples|fla-tests|profile|all [args]" >&2; exit 2 ;; esac
+case "$MODE" in check|bench|graphs|cold|model|examples|fla-tests|profile|streams|all) ;; *) echo "usage: $0 check|bench|graphs|cold|model|examples|fla-tests|profile|streams|all [args]" >&2; exit 2 ;; esac
 
 START=$(date +%s)
 DEADLINE=$((START + ${BUDGET:-570}))
@@ -59,6 +60,8 @@ case "$MODE" in
     python3 scripts/cold_start.py "$@" ;;
   profile)
     python3 scripts/kernel_profile.py "$@" ;;
+  streams)
+    python3 benchmarks/varlen_streams.py --budget $((DEADLINE - now - 30)) "$@" ;;
   model)
     python3 scripts/fla_model_check.py --deadline "$DEADLINE" "$@" ;;
   examples)

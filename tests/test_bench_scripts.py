@@ -673,3 +673,48 @@ def test_memory_peak_counts_without_running_what_a_run_allocates(tmp_path: Path)
     bad = subprocess.run([sys.executable, str(REPO / "scripts" / "memory_peak.py"), "--orders", "reverse"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert bad.returncode == 2 and "one_stream, side_by_side" in bad.stderr
+
+
+def test_varlen_streams_summary_counts_slow_rounds() -> None:
+    """benchmarks/varlen_streams.py's summary: per (case, form, system, choice) the median, spread and ratio to
+    fla-core's median, and the rounds more than SLOW above the fastest choice of that (case, form, system)."""
+    from benchmarks import varlen_streams as vs
+
+    def row(system: str, choice: str, ms: float, form: str = "int64") -> dict:
+        return {"case": "ragged8", "form": form, "system": system, "choice": choice, "fwd_bwd_ms": ms}
+
+    rows = [row("dplr-fast", "rule", t) for t in (2.70, 3.09, 2.72)]
+    rows += [row("dplr-fast", "overlap_only", t) for t in (2.81, 2.80, 2.82)]
+    rows += [row("fla-best", "rule", t) for t in (6.5, 6.6, 6.55)]
+    rows += [row("dplr-fast", "rule", 9.0, form="int64-fresh")]  # another form: its own fastest, no fla
+    got = {(s["form"], s["system"], s["choice"]): s for s in vs.summarise(rows)}
+    rule = got[("int64", "dplr-fast", "rule")]
+    assert (rule["median_ms"], rule["min_ms"], rule["max_ms"], rule["rounds"]) == (2.72, 2.70, 3.09, 3)
+    assert rule["slow"] == 1 and got[("int64", "dplr-fast", "overlap_only")]["slow"] == 0
+    assert math.isclose(rule["vs_fla_best"], 2.72 / 6.55)
+    assert got[("int64-fresh", "dplr-fast", "rule")]["vs_fla_best"] is None
+    assert got[("int64-fresh", "dplr-fast", "rule")]["slow"] == 0
+
+
+def test_varlen_streams_dry_run(tmp_path: Path) -> None:
+    """benchmarks/varlen_streams.py end to end on CPU (interpreter, tiny shapes, no fla): every choice of the
+    two stream options timed for the form and system asked for, the JSON written with its summary; an unknown
+    case or system refused with what is valid."""
+    import subprocess
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OUT": str(tmp_path)}
+    script = str(REPO / "benchmarks" / "varlen_streams.py")
+    proc = subprocess.run([sys.executable, script, "--dry-run", "--cases", "ragged8", "--systems", "dplr-generic",
+                           "--forms", "int64-fresh"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads((tmp_path / "varlen_streams.json").read_text())
+    from benchmarks import varlen_streams as vs
+
+    assert [r["choice"] for r in d["rows"]] == list(vs.CHOICES)
+    assert all(r["system"] == "dplr-generic" and r["form"] == "int64-fresh" and r["fwd_bwd_ms"] > 0
+               for r in d["rows"])
+    assert len(d["summary"]) == len(vs.CHOICES) and d["fla_left_out"] == "CPU dry run"
+    for bad, named in ((["--cases", "nope"], "ragged8, varlen11"), (["--systems", "fla"], "dplr-fast, dplr-generic")):
+        wrong = subprocess.run([sys.executable, script, "--dry-run", *bad], capture_output=True, text=True, env=env,
+                               timeout=120)
+        assert wrong.returncode == 2 and named in wrong.stderr
