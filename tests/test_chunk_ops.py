@@ -151,32 +151,47 @@ def test_varlen_boundaries_while_tracing_come_from_the_tensor(monkeypatch: pytes
     assert not varlen._BY_VALUE and not varlen._BY_OBJECT
 
 
-@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("keep,order", [(False, None), (True, None), (False, "longest_first")])
 def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatch: pytest.MonkeyPatch,
-                                                                   keep: bool) -> None:
+                                                                   keep: bool, order: str | None) -> None:
     """The varlen token pass as one launch of the dense twin's kernel per sequence (on views of its rows and
-    states) gives the varlen kernel's gradients to the bit, on NaN-poisoned buffers, one launch per sequence."""
+    states) gives the varlen kernel's gradients to the bit, on NaN-poisoned buffers, one launch per sequence, in
+    the sequences' order or longest first (DriverOptions.per_sequence_order)."""
     lens = [1, 15, 16, 17, 40]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32, initial_state=False)
     x["initial_state"] = torch.randn(len(lens), 2, 32, 32)
     do, dht = torch.randn_like(x["v"]), torch.randn_like(x["initial_state"])
-    launched: list[int] = []
+    launched: list[list[int]] = []
     real = chunk_driver._token_pass_per_sequence
     monkeypatch.setattr(chunk_driver, "_token_pass_per_sequence",
-                        lambda twin, seqs, *a: launched.append(len(seqs)) or real(twin, seqs, *a))
+                        lambda twin, seqs, *a: launched.append([e - b for b, e, _ in seqs]) or real(twin, seqs, *a))
     grads = {}
     for per_seq in (False, True):
-        monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(per_sequence=per_seq))
+        monkeypatch.setattr(chunk_driver, "OPTIONS",
+                            chunk_driver.with_options(per_sequence=per_seq, per_sequence_order=order))
         o, ht, xs = run_op(pkg, x, cu_seqlens=cu, cu_seqlens_cpu=cu, lower_bound=-0.61, disable_recompute=keep)
         torch.autograd.backward((o, ht), (do, dht))
         grads[per_seq] = {n: t.grad for n, t in xs.items()}
-    assert launched == [len(lens)]
+    assert launched == [sorted(lens, reverse=True) if order else lens]
     for n in NAMES:
         assert not grads[True][n].isnan().any() and torch.equal(grads[True][n], grads[False][n]), n
     _, _, rg = reference_with_grads(x, None, cu, do, dht)
     for n in NAMES:
         assert rel_err(grads[True][n], rg[n]) <= 1e-5, n
+
+
+def test_named_driver_options_refuse_other_values() -> None:
+    """The per-sequence launches' order and stream take their named values or None; another value is refused
+    naming the option and what is valid, and the options in force stay as they were."""
+    before = chunk_driver.OPTIONS
+    opts = chunk_driver.with_options(per_sequence_order="longest_first", per_sequence_stream="own")
+    assert (opts.per_sequence_order, opts.per_sequence_stream) == ("longest_first", "own")
+    for name, bad in (("per_sequence_order", "shortest_first"), ("per_sequence_stream", "main")):
+        with pytest.raises(ValueError, match=f"{name}={bad!r}: valid are"):
+            with chunk_driver.forced(**{name: bad}):
+                pass
+    assert chunk_driver.OPTIONS is before
 
 
 @pytest.mark.parametrize("form", ["int64", "int32", "no host copy"])

@@ -58,6 +58,12 @@ class DriverOptions:
     # force the varlen token pass's launch per sequence on (True, wherever it can run) or off (False); None: by
     # per_sequence_launches' rule
     per_sequence: bool | None = None
+    # the per-sequence launches' order: "given" (the sequences' own; None too) or "longest_first" (the longest
+    # sequence's launch first, so that the shortest ones end the pass)
+    per_sequence_order: str | None = None
+    # the stream the per-sequence launches alternate with the current one: "side" (the one the states pass runs
+    # on beside the reverse pass; None too) or "own" (a second side stream, used by nothing else)
+    per_sequence_stream: str | None = None
     # force the state passes over this many segments per sequence wherever the variant has the segmented passes
     # (0 or 1: one walk); None: by ``segments``' rule
     segments: int | None = None
@@ -73,12 +79,22 @@ class DriverOptions:
 OPTIONS = DriverOptions()
 
 
+# the options whose value is one of a few names (None: the driver's default)
+NAMED_CHOICES: dict[str, tuple[str, ...]] = {
+    "per_sequence_order": ("given", "longest_first"),
+    "per_sequence_stream": ("side", "own"),
+}
+
+
 def with_options(**choices: Any) -> DriverOptions:
     """The options in force with ``choices`` (DriverOptions fields) replaced."""
     valid = [f.name for f in dataclasses.fields(DriverOptions)]
     unknown = sorted(set(choices) - set(valid))
     if unknown:
         raise TypeError(f"driver options: unknown {unknown}; valid: {valid}")
+    for name, names in NAMED_CHOICES.items():
+        if choices.get(name) not in (None, *names):
+            raise ValueError(f"driver option {name}={choices[name]!r}: valid are {', '.join(names)} or None")
     return dataclasses.replace(OPTIONS, **choices)
 
 
@@ -686,7 +702,8 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
     (``offsets``), the twin's token pass walks the same chunks and kept states and derives none, no CUDA graph
     is being captured (a replay would keep this call's launches whatever the lengths then), and, unless
     DriverOptions.per_sequence forces it, there are few sequences, each with PER_SEQUENCE_MIN_WAVES waves of work
-    items on the device (the twin's residency known: a prebuilt persistent kernel)."""
+    items on the device (the twin's residency known: a prebuilt persistent kernel). In the sequences' order, or
+    longest first where DriverOptions.per_sequence_order says so."""
     twin, offs = saved.get("twin"), saved.get("offsets")
     if OPTIONS.per_sequence is False or twin is None or offs is None or saved["cu_seqlens"] is None:
         return None
@@ -704,6 +721,8 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
         wave = resident * _device_sms(device)
         if min(_cdiv(eos - bos, TC) * H * nk for bos, eos, _ in seqs) < PER_SEQUENCE_MIN_WAVES * wave:
             return None
+    if OPTIONS.per_sequence_order == "longest_first":
+        seqs.sort(key=lambda s: s[0] - s[1])  # stable: equal lengths keep their order
     return seqs
 
 
@@ -712,7 +731,8 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
                              nk: int, fac: torch.Tensor | None = None) -> None:
     """The token pass as a launch of the dense kernel ``twin`` per sequence (per_sequence_launches): its rows of
     ``inputs`` (q, k, v, a, b, gk) and ``rows`` (U, dR, dO, then the outputs dq, dk, da, db, dg), its kept
-    states. On CUDA, consecutive sequences alternate between the current stream and a side one, so that a
+    states. On CUDA, consecutive sequences alternate between the current stream and a side one (the states
+    pass's, or one of their own: DriverOptions.per_sequence_stream), so that a
     launch's programs start while the last ones of the launch before finish (H100, the bench's 16 sequences:
     1.26 ms with the varlen kernel, 1.19 one stream, 1.08-1.11 two; docs/design.md, varlen); the current stream
     waits for the side one before this returns, and every tensor here was allocated before the fork, so none
@@ -721,7 +741,7 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
     dev = h.device
     H = inputs[0].shape[2]
     TC = token_chunk(twin)
-    side = _side_stream(dev)
+    side = _side_stream(dev, 1 if OPTIONS.per_sequence_stream == "own" else 0)
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
     for i, (bos, eos, first) in enumerate(seqs):
@@ -833,9 +853,10 @@ def grids_fit(grids: list[tuple[float, int | None]], sms: int) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """A new stream beside the current one on a CUDA device; None elsewhere (the CPU runs the same launches one
-    after the other, in the order they are issued)."""
+def _side_stream(device: torch.device, which: int = 0) -> torch.cuda.Stream | None:
+    """A stream beside the current one on a CUDA device, one per ``which`` (0: the states pass's and, by default,
+    the per-sequence launches'); None elsewhere (the CPU runs the same launches one after the other, in the order
+    they are issued)."""
     return torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
 
