@@ -181,6 +181,20 @@ def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatc
         assert rel_err(grads[True][n], rg[n]) <= 1e-5, n
 
 
+def test_side_streams_one_per_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The states pass and, by default, the per-sequence launches share one side stream per device, however the
+    index is passed; index 1 (per_sequence_stream="own") is another; off CUDA there is none."""
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
+    chunk_driver._stream.cache_clear()
+    try:
+        dev = torch.device("cuda", 0)
+        assert chunk_driver._side_stream(dev) is chunk_driver._side_stream(dev, 0)
+        assert chunk_driver._side_stream(dev, 1) is not chunk_driver._side_stream(dev)
+        assert chunk_driver._side_stream(torch.device("cpu")) is None
+    finally:
+        chunk_driver._stream.cache_clear()
+
+
 def test_named_driver_options_refuse_other_values() -> None:
     """The per-sequence launches' order and stream take their named values or None; another value is refused
     naming the option and what is valid, and the options in force stay as they were."""

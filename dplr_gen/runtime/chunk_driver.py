@@ -852,11 +852,15 @@ def grids_fit(grids: list[tuple[float, int | None]], sms: int) -> bool:
     return sum(n / per_sm for n, per_sm in grids) <= sms
 
 
-@functools.lru_cache(maxsize=None)
 def _side_stream(device: torch.device, which: int = 0) -> torch.cuda.Stream | None:
     """A stream beside the current one on a CUDA device, one per ``which`` (0: the states pass's and, by default,
     the per-sequence launches'); None elsewhere (the CPU runs the same launches one after the other, in the order
     they are issued)."""
+    return _stream(device, which)  # (cached by both arguments, however the caller passes them)
+
+
+@functools.lru_cache(maxsize=None)
+def _stream(device: torch.device, which: int) -> torch.cuda.Stream | None:
     return torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
 
