@@ -197,7 +197,8 @@ def test_side_streams_one_per_index(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_named_driver_options_refuse_other_values() -> None:
     """The per-sequence launches' order and stream take their named values or None; another value is refused
-    naming the option and what is valid, and the options in force stay as they were."""
+    naming the option and what is valid, through ``forced`` and when the options are made whole, and the options
+    in force stay as they were."""
     before = chunk_driver.OPTIONS
     opts = chunk_driver.with_options(per_sequence_order="longest_first", per_sequence_stream="own")
     assert (opts.per_sequence_order, opts.per_sequence_stream) == ("longest_first", "own")
@@ -205,6 +206,8 @@ def test_named_driver_options_refuse_other_values() -> None:
         with pytest.raises(ValueError, match=f"{name}={bad!r}: valid are"):
             with chunk_driver.forced(**{name: bad}):
                 pass
+        with pytest.raises(ValueError, match=f"{name}={bad!r}: valid are"):
+            chunk_driver.DriverOptions(**{name: bad})  # options made whole, as tests replace them
     assert chunk_driver.OPTIONS is before
 
 

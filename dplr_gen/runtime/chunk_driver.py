@@ -43,6 +43,13 @@ BWD_DH_SEG = "chunk_dplr_bwd_dh_seg_kernel"
 
 
 
+# the options whose value is one of a few names (None: the driver's default)
+NAMED_CHOICES: dict[str, tuple[str, ...]] = {
+    "per_sequence_order": ("given", "longest_first"),
+    "per_sequence_stream": ("side", "own"),
+}
+
+
 @dataclass(frozen=True)
 class DriverOptions:
     """Choices tests and benchmarks force on the driver; the defaults leave each to the driver's own rule."""
@@ -73,17 +80,16 @@ class DriverOptions:
     # called with each buffer the driver allocates, as it is allocated (scripts/memory_peak.py)
     on_alloc: Callable[[torch.Tensor], None] | None = None
 
+    def __post_init__(self) -> None:
+        for name, names in NAMED_CHOICES.items():
+            value = getattr(self, name)
+            if value not in (None, *names):
+                raise ValueError(f"driver option {name}={value!r}: valid are {', '.join(names)} or None")
+
 
 # the options in force: process-wide, not per thread or context (the autograd engine runs a CUDA backward on a
 # thread of its own); set with ``forced`` or replaced whole (tests' monkeypatch)
 OPTIONS = DriverOptions()
-
-
-# the options whose value is one of a few names (None: the driver's default)
-NAMED_CHOICES: dict[str, tuple[str, ...]] = {
-    "per_sequence_order": ("given", "longest_first"),
-    "per_sequence_stream": ("side", "own"),
-}
 
 
 def with_options(**choices: Any) -> DriverOptions:
@@ -92,9 +98,6 @@ def with_options(**choices: Any) -> DriverOptions:
     unknown = sorted(set(choices) - set(valid))
     if unknown:
         raise TypeError(f"driver options: unknown {unknown}; valid: {valid}")
-    for name, names in NAMED_CHOICES.items():
-        if choices.get(name) not in (None, *names):
-            raise ValueError(f"driver option {name}={choices[name]!r}: valid are {', '.join(names)} or None")
     return dataclasses.replace(OPTIONS, **choices)
 
 
