@@ -22,6 +22,7 @@ after every round. --dry-run: CPU, Triton's interpreter, tiny fp32 shapes, one r
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -121,8 +122,6 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import os
-
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
