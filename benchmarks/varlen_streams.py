@@ -7,8 +7,8 @@ A varlen chunk backward may run its states pass on a side stream beside the reve
 (``chunk_driver._overlap``) and its token pass as one launch per sequence, alternating between the current stream
 and the side one (``chunk_driver.per_sequence_launches``). Where both run, the ragged sequences' forward+backward
 has shown two modes from one measurement to the next (docs/design.md, "The ragged backward is bimodal"). This
-script times every combination of the two choices, forced with ``chunk_driver.forced``, both on with the
-per-sequence launches longest first or on a stream of their own, and the driver's own rule, for the bounded call (lower_bound=-0.61) and the default one (any gate), with ``cu_seqlens`` int64 reused by
+script times every combination of the two choices, forced with ``chunk_driver.forced``, and the driver's own
+rule, for the bounded call (lower_bound=-0.61) and the default one (any gate), with ``cu_seqlens`` int64 reused by
 every call and a new tensor each call (a data loader's), in rounds that alternate the choices, so that a mode that
 comes and goes shows in every choice's spread. fla-core's best runs once a round beside them (--fla auto: on an
 H100 only, whose autotune choices benchmarks/fla_autotune ships; elsewhere it would autotune for minutes).
@@ -43,16 +43,13 @@ DRY_CASES: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "ragged8": (1, 64, (5, 17, 3, 30)),
     "varlen11": (1, 64, (16, 32, 16)),
 }
-# choice -> the driver options it forces (chunk_driver.DriverOptions); "rule": none. The last two keep both
-# choices on and change how the per-sequence launches go: longest sequence first, or on a side stream of their own
+# choice -> the driver options it forces (chunk_driver.DriverOptions); "rule": none
 CHOICES: dict[str, dict[str, Any]] = {
     "rule": {},
     "both": {"overlap": True, "per_sequence": True},
     "overlap_only": {"overlap": True, "per_sequence": False},
     "per_sequence_only": {"overlap": False, "per_sequence": True},
     "neither": {"overlap": False, "per_sequence": False},
-    "both_longest_first": {"overlap": True, "per_sequence": True, "per_sequence_order": "longest_first"},
-    "both_own_stream": {"overlap": True, "per_sequence": True, "per_sequence_stream": "own"},
 }
 DPLR_SYSTEMS = ("dplr-fast", "dplr-generic")
 # form -> whether each call gets a new cu_seqlens tensor (int64 both)

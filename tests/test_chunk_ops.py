@@ -151,12 +151,12 @@ def test_varlen_boundaries_while_tracing_come_from_the_tensor(monkeypatch: pytes
     assert not varlen._BY_VALUE and not varlen._BY_OBJECT
 
 
-@pytest.mark.parametrize("keep,order", [(False, None), (True, None), (False, "longest_first")])
+@pytest.mark.parametrize("keep", [False, True])
 def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatch: pytest.MonkeyPatch,
-                                                                   keep: bool, order: str | None) -> None:
+                                                                   keep: bool) -> None:
     """The varlen token pass as one launch of the dense twin's kernel per sequence (on views of its rows and
     states) gives the varlen kernel's gradients to the bit, on NaN-poisoned buffers, one launch per sequence, in
-    the sequences' order or longest first (DriverOptions.per_sequence_order)."""
+    the sequences' order."""
     lens = [1, 15, 16, 17, 40]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32, initial_state=False)
@@ -169,11 +169,11 @@ def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatc
     grads = {}
     for per_seq in (False, True):
         monkeypatch.setattr(chunk_driver, "OPTIONS",
-                            chunk_driver.with_options(per_sequence=per_seq, per_sequence_order=order))
+                            chunk_driver.with_options(per_sequence=per_seq))
         o, ht, xs = run_op(pkg, x, cu_seqlens=cu, cu_seqlens_cpu=cu, lower_bound=-0.61, disable_recompute=keep)
         torch.autograd.backward((o, ht), (do, dht))
         grads[per_seq] = {n: t.grad for n, t in xs.items()}
-    assert launched == [sorted(lens, reverse=True) if order else lens]
+    assert launched == [lens]
     for n in NAMES:
         assert not grads[True][n].isnan().any() and torch.equal(grads[True][n], grads[False][n]), n
     _, _, rg = reference_with_grads(x, None, cu, do, dht)
@@ -181,34 +181,16 @@ def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatc
         assert rel_err(grads[True][n], rg[n]) <= 1e-5, n
 
 
-def test_side_streams_one_per_index(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The states pass and, by default, the per-sequence launches share one side stream per device, however the
-    index is passed; index 1 (per_sequence_stream="own") is another; off CUDA there is none."""
+def test_one_side_stream_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The states pass and the per-sequence launches share one side stream per device; off CUDA there is none."""
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
-    chunk_driver._stream.cache_clear()
+    chunk_driver._side_stream.cache_clear()
     try:
-        dev = torch.device("cuda", 0)
-        assert chunk_driver._side_stream(dev) is chunk_driver._side_stream(dev, 0)
-        assert chunk_driver._side_stream(dev, 1) is not chunk_driver._side_stream(dev)
+        assert chunk_driver._side_stream(torch.device("cuda", 0)) is chunk_driver._side_stream(torch.device("cuda", 0))
+        assert chunk_driver._side_stream(torch.device("cuda", 1)) is not chunk_driver._side_stream(torch.device("cuda", 0))
         assert chunk_driver._side_stream(torch.device("cpu")) is None
     finally:
-        chunk_driver._stream.cache_clear()
-
-
-def test_named_driver_options_refuse_other_values() -> None:
-    """The per-sequence launches' order and stream take their named values or None; another value is refused
-    naming the option and what is valid, through ``forced`` and when the options are made whole, and the options
-    in force stay as they were."""
-    before = chunk_driver.OPTIONS
-    opts = chunk_driver.with_options(per_sequence_order="longest_first", per_sequence_stream="own")
-    assert (opts.per_sequence_order, opts.per_sequence_stream) == ("longest_first", "own")
-    for name, bad in (("per_sequence_order", "shortest_first"), ("per_sequence_stream", "main")):
-        with pytest.raises(ValueError, match=f"{name}={bad!r}: valid are"):
-            with chunk_driver.forced(**{name: bad}):
-                pass
-        with pytest.raises(ValueError, match=f"{name}={bad!r}: valid are"):
-            chunk_driver.DriverOptions(**{name: bad})  # options made whole, as tests replace them
-    assert chunk_driver.OPTIONS is before
+        chunk_driver._side_stream.cache_clear()
 
 
 @pytest.mark.parametrize("form", ["int64", "int32", "no host copy"])
@@ -259,16 +241,19 @@ def test_varlen_without_a_dense_twin_keeps_the_varlen_kernel(tmp_path, monkeypat
 
 
 def test_per_sequence_launch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A launch per sequence only with the twin and the host's offsets, for few sequences each with enough
-    waves of work on the device, never while a graph is captured; DriverOptions.per_sequence forces it either way."""
+    """A launch per sequence only with the twin and the host's offsets, for a pass that is one kernel, few
+    sequences each with enough waves of work on the device, never while a graph is captured;
+    DriverOptions.per_sequence forces it either way (a split pass too)."""
     from types import SimpleNamespace
 
     monkeypatch.setattr(chunk_driver, "_device_sms", lambda dev: 10)
     capturing = [False]
     monkeypatch.setattr(chunk_driver, "_capturing", lambda: capturing[0])
 
-    def kset(resident: int | None, persistent: bool = True, derive: bool = False) -> SimpleNamespace:
-        opts = {"persistent": [chunk_driver.BWD] if persistent else [], "states_every": 32 if derive else 16}
+    def kset(resident: int | None, persistent: bool = True, derive: bool = False, split: bool = False
+             ) -> SimpleNamespace:
+        opts = {"persistent": [chunk_driver.BWD] if persistent else [], "states_every": 32 if derive else 16,
+                "split_token_pass": "second_kernel" if split else None}
         return SimpleNamespace(constexprs=lambda name: {"BC": 16}, option=lambda n, d=None: opts.get(n, d),
                                resident_per_sm=lambda name, dev: resident)
 
@@ -295,12 +280,15 @@ def test_per_sequence_launch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, kset(2, persistent=False)), 1, dev) is None
     assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, kset(2, derive=True)), 1, dev) is None
     assert chunk_driver.per_sequence_launches(kset(2, derive=True), saved([long] * 2, twin), 1, dev) is None
+    split = kset(2, split=True)
+    assert chunk_driver.per_sequence_launches(split, saved([long] * 2, split), 1, dev) is None  # split pass
     capturing[0] = True
     assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None
     monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(per_sequence=True))
     assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None  # not in a capture
     capturing[0] = False
     assert chunk_driver.per_sequence_launches(ks, saved([1, 2], kset(None)), 1, dev) == [(0, 1, 0), (1, 3, 1)]
+    assert chunk_driver.per_sequence_launches(split, saved([1, 2], split), 1, dev) == [(0, 1, 0), (1, 3, 1)]
     monkeypatch.setattr(chunk_driver, "OPTIONS", chunk_driver.with_options(per_sequence=False))
     assert chunk_driver.per_sequence_launches(ks, saved([long] * 2, twin), 1, dev) is None
 

@@ -43,13 +43,6 @@ BWD_DH_SEG = "chunk_dplr_bwd_dh_seg_kernel"
 
 
 
-# the options whose value is one of a few names (None: the driver's default)
-NAMED_CHOICES: dict[str, tuple[str, ...]] = {
-    "per_sequence_order": ("given", "longest_first"),
-    "per_sequence_stream": ("side", "own"),
-}
-
-
 @dataclass(frozen=True)
 class DriverOptions:
     """Choices tests and benchmarks force on the driver; the defaults leave each to the driver's own rule."""
@@ -65,12 +58,6 @@ class DriverOptions:
     # force the varlen token pass's launch per sequence on (True, wherever it can run) or off (False); None: by
     # per_sequence_launches' rule
     per_sequence: bool | None = None
-    # the per-sequence launches' order: "given" (the sequences' own; None too) or "longest_first" (the longest
-    # sequence's launch first, so that the shortest ones end the pass)
-    per_sequence_order: str | None = None
-    # the stream the per-sequence launches alternate with the current one: "side" (the one the states pass runs
-    # on beside the reverse pass; None too) or "own" (a second side stream, used by nothing else)
-    per_sequence_stream: str | None = None
     # force the state passes over this many segments per sequence wherever the variant has the segmented passes
     # (0 or 1: one walk); None: by ``segments``' rule
     segments: int | None = None
@@ -79,12 +66,6 @@ class DriverOptions:
     launch: bool = True
     # called with each buffer the driver allocates, as it is allocated (scripts/memory_peak.py)
     on_alloc: Callable[[torch.Tensor], None] | None = None
-
-    def __post_init__(self) -> None:
-        for name, names in NAMED_CHOICES.items():
-            value = getattr(self, name)
-            if value not in (None, *names):
-                raise ValueError(f"driver option {name}={value!r}: valid are {', '.join(names)} or None")
 
 
 # the options in force: process-wide, not per thread or context (the autograd engine runs a CUDA backward on a
@@ -704,9 +685,13 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
     (``twin``, set by the ops where the package has it prebuilt) and the sequence starts as read on the host
     (``offsets``), the twin's token pass walks the same chunks and kept states and derives none, no CUDA graph
     is being captured (a replay would keep this call's launches whatever the lengths then), and, unless
-    DriverOptions.per_sequence forces it, there are few sequences, each with PER_SEQUENCE_MIN_WAVES waves of work
-    items on the device (the twin's residency known: a prebuilt persistent kernel). In the sequences' order, or
-    longest first where DriverOptions.per_sequence_order says so."""
+    DriverOptions.per_sequence forces it, the pass is one kernel (not split by chunk), there are few sequences,
+    each with PER_SEQUENCE_MIN_WAVES waves of work items on the device (the twin's residency known: a prebuilt
+    persistent kernel). In the sequences' order.
+    Not for a split pass: its per-sequence launches take only the chunks the prep flags, and the second kernel
+    walks every sequence after them anyway (H100, both varlen cases, int64: forward+backward with the launches
+    2.79-3.56 ms against 2.71 without them at the 8 ragged sequences, 4.79 against 4.66 at the 11; the unsplit
+    bounded variant gains with them at the 11, 4.79 -> 4.60; docs/design.md, varlen)."""
     twin, offs = saved.get("twin"), saved.get("offsets")
     if OPTIONS.per_sequence is False or twin is None or offs is None or saved["cu_seqlens"] is None:
         return None
@@ -719,13 +704,11 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
     seqs = [(bos, eos, bos // TC + n) for n, (bos, eos) in enumerate(zip(offs[:-1], offs[1:]))]
     if OPTIONS.per_sequence is None:
         resident = twin.resident_per_sm(BWD, device) if device.type == "cuda" else None
-        if not resident or BWD not in twin.option("persistent", ()) or len(seqs) > PER_SEQUENCE_MAX_SEQS:
+        if split_kernel(ks) or not resident or BWD not in twin.option("persistent", ()) or len(seqs) > PER_SEQUENCE_MAX_SEQS:
             return None
         wave = resident * _device_sms(device)
         if min(_cdiv(eos - bos, TC) * H * nk for bos, eos, _ in seqs) < PER_SEQUENCE_MIN_WAVES * wave:
             return None
-    if OPTIONS.per_sequence_order == "longest_first":
-        seqs.sort(key=lambda s: s[0] - s[1])  # stable: equal lengths keep their order
     return seqs
 
 
@@ -734,8 +717,8 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
                              nk: int, fac: torch.Tensor | None = None) -> None:
     """The token pass as a launch of the dense kernel ``twin`` per sequence (per_sequence_launches): its rows of
     ``inputs`` (q, k, v, a, b, gk) and ``rows`` (U, dR, dO, then the outputs dq, dk, da, db, dg), its kept
-    states. On CUDA, consecutive sequences alternate between the current stream and a side one (the states
-    pass's, or one of their own: DriverOptions.per_sequence_stream), so that a
+    states. On CUDA, consecutive sequences alternate between the current stream and the side one (the states
+    pass's; a stream of their own, or the longest sequence first, measured no faster: docs/design.md), so that a
     launch's programs start while the last ones of the launch before finish (H100, the bench's 16 sequences:
     1.26 ms with the varlen kernel, 1.19 one stream, 1.08-1.11 two; docs/design.md, varlen); the current stream
     waits for the side one before this returns, and every tensor here was allocated before the fork, so none
@@ -744,7 +727,7 @@ def _token_pass_per_sequence(twin, seqs: list[tuple[int, int, int]], inputs: tup
     dev = h.device
     H = inputs[0].shape[2]
     TC = token_chunk(twin)
-    side = _side_stream(dev, 1 if OPTIONS.per_sequence_stream == "own" else 0)
+    side = _side_stream(dev)
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(dev))
     for i, (bos, eos, first) in enumerate(seqs):
@@ -855,15 +838,10 @@ def grids_fit(grids: list[tuple[float, int | None]], sms: int) -> bool:
     return sum(n / per_sm for n, per_sm in grids) <= sms
 
 
-def _side_stream(device: torch.device, which: int = 0) -> torch.cuda.Stream | None:
-    """A stream beside the current one on a CUDA device, one per ``which`` (0: the states pass's and, by default,
-    the per-sequence launches'); None elsewhere (the CPU runs the same launches one after the other, in the order
-    they are issued)."""
-    return _stream(device, which)  # (cached by both arguments, however the caller passes them)
-
-
 @functools.lru_cache(maxsize=None)
-def _stream(device: torch.device, which: int) -> torch.cuda.Stream | None:
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The stream beside the current one on a CUDA device (the states pass's and the per-sequence launches');
+    None elsewhere (the CPU runs the same launches one after the other, in the order they are issued)."""
     return torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
 
