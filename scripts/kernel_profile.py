@@ -9,6 +9,9 @@ without it, any gate):
   wall_ms         the same 20 calls until the device is done, per call;
   kernels         GPU microseconds per call of each kernel (the mean of 5 profiled calls) and launches per call;
   kernel_us_total their sum;
+  host_functions  with --host-functions N: the N Python functions (and C functions called from Python: launches,
+                  allocations) with the most own host time per call, by cProfile over the 20 calls (its own
+                  overhead inflates the many small calls; the ranking is what it is for);
   exact_chunks    dense cases whose variant flags chunks (any gate, the token pass or the preps split by chunk):
                   the (chunk, head) pairs the backward prep flags for the exact form, of how many, and how many
                   programs an SM holds of each persistent kernel (null: unknown, so one program a work item).
@@ -55,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bounds", default="-0.61,none",
                     help="comma list of the lower_bound values to profile; none: the call without it")
     ap.add_argument("--gates", default="rwkv7", choices=["rwkv7", "mixed", "steep"])
+    ap.add_argument("--host-functions", type=int, default=0, metavar="N",
+                    help="also record the N functions with the most own host time per call (cProfile)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     table = DRY_CASES if args.dry_run else CASES
@@ -126,8 +131,25 @@ def case_call(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None],
     return call
 
 
+def host_functions(call: Any, n_calls: int, top: int) -> list[dict[str, Any]]:
+    """The ``top`` functions by own host time over ``n_calls`` calls of ``call`` (cProfile), per call."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n_calls):
+        call()
+    prof.disable()
+    rows = [{"function": f"{Path(file).name}:{line}({fn})", "calls": round(nc / n_calls, 2),
+             "own_us": round(tt / n_calls * 1e6, 2), "total_us": round(ct / n_calls * 1e6, 2)}
+            for (file, line, fn), (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()]  # type: ignore[attr-defined]
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
+
+
 def profile_case(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | None], lower_bound: float | None,
-                 device: str, dry: bool, gates: str = "rwkv7", x: dict[str, Any] | None = None) -> dict[str, Any]:
+                 device: str, dry: bool, gates: str = "rwkv7", x: dict[str, Any] | None = None,
+                 n_host_functions: int = 0) -> dict[str, Any]:
     import torch
 
     call = case_call(op, shape, lower_bound, device, dry, gates, x)
@@ -142,6 +164,9 @@ def profile_case(op: Any, shape: tuple[int, int, int, int, tuple[int, ...] | Non
     C.sync(device)
     wall = (time.perf_counter() - t0) / n
     rec: dict[str, Any] = {"enqueue_ms": enqueue * 1e3, "wall_ms": wall * 1e3}
+    if n_host_functions:
+        rec["host_functions"] = host_functions(call, n, n_host_functions)
+        C.sync(device)
     if dry:
         return rec
     from torch.profiler import ProfilerActivity, profile
@@ -188,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         x = case_inputs(table[name], device, args.dry_run, args.gates)  # every bound's call reads the same inputs
         for lb in args.bound_values:
             key = f"{name}, lower_bound={lb}"
-            rec = profile_case(op, table[name], lb, device, args.dry_run, args.gates, x)
+            rec = profile_case(op, table[name], lb, device, args.dry_run, args.gates, x, args.host_functions)
             if table[name][4] is None:
                 vname = ops.variant_for(pkg, "chunk", x["r"], x["v"], x["w"], None, None, lb)
                 ks = pkg.kernel_set(vname, pkg.target_for(torch.device(device)))
@@ -202,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    exact form: {rec['exact_chunks']}", flush=True)
             for k, v in list(rec.get("kernels", {}).items())[:10]:
                 print(f"    {v['us']:9.1f} us x{v['count']:g}  {k[:90]}", flush=True)
+            for f in rec.get("host_functions", [])[:15]:
+                print(f"    host {f['own_us']:8.1f} us own, {f['total_us']:8.1f} total, x{f['calls']:g}  "
+                      f"{f['function'][:80]}", flush=True)
             out_file.write_text(json.dumps(C.jsonable(result), indent=1))
     return 0
 

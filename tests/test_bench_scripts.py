@@ -501,8 +501,8 @@ def test_accuracy_matrix_dry_run(tmp_path: Path) -> None:
 
 def test_kernel_profile_dry_run(tmp_path: Path) -> None:
     """scripts/kernel_profile.py end to end on CPU (interpreter, no profiler): both gate modes of the case asked
-    for by default, the one --bounds names otherwise, host times recorded, the JSON named by the package (and the
-    gate data where not RWKV-7's); an unknown case, a bad --bounds, or steep gates with a lower_bound refused
+    for by default, the one --bounds names otherwise, host times recorded (and the functions with the most host
+    time where asked), the JSON named by the package (and the gate data where not RWKV-7's); an unknown case, a bad --bounds, or steep gates with a lower_bound refused
     with what is valid."""
     import subprocess
 
@@ -514,11 +514,15 @@ def test_kernel_profile_dry_run(tmp_path: Path) -> None:
     d = json.loads((tmp_path / "kernel_profile_hopper.json").read_text())
     assert list(d["cases"]) == ["dense4x4096, lower_bound=-0.61", "dense4x4096, lower_bound=None"]
     assert all(r["wall_ms"] >= r["enqueue_ms"] > 0 for r in d["cases"].values())
-    one = subprocess.run([sys.executable, script, "--dry-run", "--cases", "dense4x4096", "--bounds", "none"],
-                         capture_output=True, text=True, env=env, timeout=600)
+    assert all("host_functions" not in r for r in d["cases"].values())
+    one = subprocess.run([sys.executable, script, "--dry-run", "--cases", "dense4x4096", "--bounds", "none",
+                          "--host-functions", "3"], capture_output=True, text=True, env=env, timeout=600)
     assert one.returncode == 0, one.stderr[-2000:]
     d = json.loads((tmp_path / "kernel_profile_hopper.json").read_text())
     assert list(d["cases"]) == ["dense4x4096, lower_bound=None"]
+    top = d["cases"]["dense4x4096, lower_bound=None"]["host_functions"]
+    assert len(top) == 3 and [f["own_us"] for f in top] == sorted((f["own_us"] for f in top), reverse=True)
+    assert all(f["total_us"] >= f["own_us"] > 0 and f["calls"] > 0 for f in top)
     steep = subprocess.run([sys.executable, script, "--dry-run", "--cases", "dense4x4096", "--bounds", "none",
                             "--gates", "steep"], capture_output=True, text=True, env=env, timeout=600)
     assert steep.returncode == 0, steep.stderr[-2000:]
