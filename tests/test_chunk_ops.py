@@ -181,6 +181,20 @@ def test_varlen_token_pass_per_sequence_equals_the_varlen_kernel(pkg, monkeypatc
         assert rel_err(grads[True][n], rg[n]) <= 1e-5, n
 
 
+def test_carved_buffers_are_disjoint_aligned_and_contiguous() -> None:
+    """_empty_parts: each part has its shape, is contiguous, starts at a multiple of _PART_ALIGN elements of one
+    allocation (the kernels assume 16-byte-aligned pointers) and overlaps no other part."""
+    shapes = [(3, 2, 5), (7,), (1, 4096, 2, 128), (2, 3)]
+    parts = chunk_driver._empty_parts(shapes, torch.bfloat16, torch.device("cpu"))
+    base = parts[0].untyped_storage().data_ptr()
+    spans = []
+    for part, shape in zip(parts, shapes):
+        assert part.shape == shape and part.is_contiguous() and part.untyped_storage().data_ptr() == base
+        assert part.storage_offset() % chunk_driver._PART_ALIGN == 0
+        spans.append((part.storage_offset(), part.storage_offset() + part.numel()))
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+
+
 def test_one_side_stream_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The states pass and the per-sequence launches share one side stream per device; off CUDA there is none."""
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
