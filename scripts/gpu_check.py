@@ -29,6 +29,9 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
   overlap the backward with the states pass beside the reverse pass (a second stream) equals the one-stream
           backward bit for bit (same kernels, same inputs), at a grid where the driver picks it by itself, and
           (overlap-varlen) on 11 packed sequences of 512 to 8192 tokens, H=32, where mixed lengths make it pick it.
+  per-sequence  the varlen backward's token pass launched once per sequence (the dense twin's kernel, its rows
+          passed as addresses, every other launch on the side stream) equals the one varlen launch bit for bit,
+          on the 11 packed sequences of overlap-varlen (dplr-fast); FAIL where the per-sequence launches did not run.
   graph   forward+backward captured in a CUDA graph (torch.cuda.graph; the driver keeps one stream under
           capture) and replayed equals the eager run bit for bit.
   pool    the decode op with a state pool (fused_mul_recurrent_rwkv7, ssm_state_indices with a padded row, 8
@@ -135,7 +138,7 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
             + [f"gates:{c}:dplr-generic" for c in MIXED] + [f"varlen:{c}:{s}" for c in VARLEN for s in DPLR]
             + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR]
-            + ["compile", "overlap", "overlap-varlen", "graph", "pool"])
+            + ["compile", "overlap", "overlap-varlen", "per-sequence", "graph", "pool"])
     wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
     groups = [dplr, wide, ["scale-decode"], ["scale-big"],
               [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
@@ -188,7 +191,8 @@ class Worker:
         if kind == "build":
             return self.build_wide(rest[0])
         return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile,
-                "overlap": self.overlap, "overlap-varlen": self.overlap_varlen, "graph": self.graph,
+                "overlap": self.overlap, "overlap-varlen": self.overlap_varlen, "per-sequence": self.per_sequence,
+                "graph": self.graph,
                 "pool": self.pool}[kind]()
 
     def accuracy(self, case: Case, case_name: str, system: str, raw: bool) -> dict[str, Any]:
@@ -342,6 +346,35 @@ class Worker:
                 out[mode] = C.fwd_bwd(op, C.leaves(x), do, dht, cu)
         return {"picked_by_driver": picked, "errors": C.errors(out[True], out[False])}
 
+    def per_sequence(self) -> dict[str, Any]:
+        """The varlen token pass launched per sequence against the one varlen launch, both forced, on the
+        sequences of ``overlap_varlen``; ``launched``: how many per-sequence token passes ran (0: nothing
+        was compared)."""
+        from dplr_gen.runtime import chunk_driver
+
+        lens = (1, 15, 17, 30) if self.dry else C.LENGTHS11
+        case = Case(1, sum(lens), 1 if self.dry else 32, 64, "float32" if self.dry else "bfloat16", 37, lens)
+        op, _ = C.load_op(C.SYSTEMS["dplr-fast"], self.cfg["package"])
+        x = self.inputs(case)
+        do, dht = C.grad_outputs(x, case.seed)
+        cu, _ = C.cu_tensors(case.lengths, "int64", self.device)
+        real, launched = chunk_driver._token_pass_per_sequence, []
+
+        def counted(*a: Any, **k: Any) -> None:
+            launched.append(1)
+            real(*a, **k)
+
+        chunk_driver._token_pass_per_sequence = counted
+        try:
+            out = {}
+            for mode in (False, True):
+                with chunk_driver.forced(per_sequence=mode):
+                    out[mode] = C.fwd_bwd(op, C.leaves(x), do, dht, cu)
+        finally:
+            chunk_driver._token_pass_per_sequence = real
+        return {"launched": len(launched), "errors": C.errors(out[True], out[False]),
+                **({} if launched else {"error": "the per-sequence token pass did not run"})}
+
     def graph(self) -> dict[str, Any]:
         """One training step (forward, then torch.autograd.grad) captured in a CUDA graph after two warm-up
         steps on a side stream (PyTorch's recipe), replayed, against the eager step on the same inputs."""
@@ -490,6 +523,7 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
                      "status": "FAIL" if err or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
     for job, bound, system in (("scale-decode", 5e-3, "fused_recurrent"), ("compile", COMPILE_TOL, "dplr-fast"),
                                ("overlap", 0.0, "dplr-fast"), ("overlap-varlen", 0.0, "dplr-fast"),
+                               ("per-sequence", 0.0, "dplr-fast"),
                                ("graph", 0.0, "dplr-fast"),
                                ("pool", COMPILE_TOL, "fused_recurrent")):
         r = results.get(job, {"error": "not run"})

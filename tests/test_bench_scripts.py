@@ -346,8 +346,16 @@ def test_gpu_check_rows() -> None:
                       "fused_recurrent": {"error": "RuntimeError: illegal memory access"}},
         "scale-decode": {"errors": {"o": 1e-3, "ht": 1e-3}},
         "compile": {"errors": {q: 0.0 for q in C.QUANTITIES}},
+        # compared nothing: the per-sequence launches did not run
+        "per-sequence": {"launched": 0, "errors": {q: 0.0 for q in C.QUANTITIES},
+                         "error": "the per-sequence token pass did not run"},
     }
     rows = {(r["check"], r["system"]): r for r in g.judge_all(res, g.CASES)}
+    assert rows[("per-sequence", "dplr-fast")]["status"] == "FAIL"
+    ran = dict(res, **{"per-sequence": {"launched": 1, "errors": {q: 0.0 for q in C.QUANTITIES}}})
+    assert {(r["check"], r["system"]): r for r in g.judge_all(ran, g.CASES)}[("per-sequence", "dplr-fast")]["status"] == "PASS"
+    one_bit = dict(res, **{"per-sequence": {"launched": 1, "errors": {**{q: 0.0 for q in C.QUANTITIES}, "dk": 1e-7}}})
+    assert {(r["check"], r["system"]): r for r in g.judge_all(one_bit, g.CASES)}[("per-sequence", "dplr-fast")]["status"] == "FAIL"
     assert rows[("table:D64", "dplr-fast")]["status"] == "FAIL"  # 1e-3 > 1.1 * 5e-4 + 1e-4
     assert "worse than fla" in rows[("table:D64", "dplr-fast")]["cells"]["o"][2]
     assert rows[("table:D64", "dplr-generic")]["cells"]["da"][1] == "FAIL"

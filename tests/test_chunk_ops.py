@@ -195,6 +195,18 @@ def test_carved_buffers_are_disjoint_aligned_and_contiguous() -> None:
     assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
 
 
+def test_per_sequence_rows_as_addresses_are_the_views_addresses() -> None:
+    """The per-sequence launches' arguments on CUDA: the address of a sequence's rows (by token for [1, T, H, K]
+    tensors, by slot for the states and flags) is the data pointer of the view of them, the one the CPU passes."""
+    for t, dim in ((torch.randn(1, 100, 3, 8, dtype=torch.bfloat16), 1), (torch.randn(40, 3, 8, 8), 0),
+                   (torch.zeros(40, 3, dtype=torch.int32), 0), (torch.randn(1, 100, 3, 8)[:, 5:], 1)):
+        as_address, as_view = chunk_driver._rows_at(t, dim, address=True), chunk_driver._rows_at(t, dim)
+        for first, count in ((0, 7), (13, 20), (30, 5)):
+            view = as_view(first, count)
+            assert torch.equal(view, t.narrow(dim, first, count)) and as_address(first, count) == view.data_ptr()
+    assert chunk_driver._rows_at(None, 0)(3, 4) is None
+
+
 def test_one_side_stream_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The states pass and the per-sequence launches share one side stream per device; off CUDA there is none."""
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
