@@ -32,6 +32,9 @@ Checks (every one PASS/FAIL; the exit code is 0 whatever they say; FAIL lines ar
   per-sequence  the varlen backward's token pass launched once per sequence (the dense twin's kernel, its rows
           passed as addresses, every other launch on the side stream) equals the one varlen launch bit for bit,
           on the 11 packed sequences of overlap-varlen (dplr-fast); FAIL where the per-sequence launches did not run.
+  other-device  with 2 or more GPUs: chunk forward+backward (dplr-fast, D64's shape) and a decode step with every
+          tensor on the second GPU while the first is the current device (a model split over GPUs in one
+          process) equal the same calls made with the second GPU current, bit for bit; n/a on one GPU.
   graph   forward+backward captured in a CUDA graph (torch.cuda.graph; the driver keeps one stream under
           capture) and replayed equals the eager run bit for bit.
   pool    the decode op with a state pool (fused_mul_recurrent_rwkv7, ssm_state_indices with a padded row, 8
@@ -138,7 +141,7 @@ def job_groups(only: list[str] | None = None) -> list[list[str]]:
     dplr = ([f"table:{c}:{s}" for c in ("D64", "D128") for s in DPLR] + [f"prec:{c}:{s}" for c in ("fp32", "fp16") for s in DPLR]
             + [f"gates:{c}:dplr-generic" for c in MIXED] + [f"varlen:{c}:{s}" for c in VARLEN for s in DPLR]
             + [f"report-raw:report:{s}" for s in DPLR] + [f"report-norm:report:{s}" for s in DPLR]
-            + ["compile", "overlap", "overlap-varlen", "per-sequence", "graph", "pool"])
+            + ["compile", "overlap", "overlap-varlen", "per-sequence", "other-device", "graph", "pool"])
     wide = [f"build:{c}" for c in WIDE] + [f"table:{c}:{s}" for c in WIDE for s in DPLR]
     groups = [dplr, wide, ["scale-decode"], ["scale-big"],
               [f"table:D64:{FLA}", f"table:D128:{FLA}", f"report-norm:report:{FLA}"]]
@@ -192,6 +195,7 @@ class Worker:
             return self.build_wide(rest[0])
         return {"scale-big": self.scale_big, "scale-decode": self.scale_decode, "compile": self.compile,
                 "overlap": self.overlap, "overlap-varlen": self.overlap_varlen, "per-sequence": self.per_sequence,
+                "other-device": self.other_device,
                 "graph": self.graph,
                 "pool": self.pool}[kind]()
 
@@ -375,6 +379,40 @@ class Worker:
         return {"launched": len(launched), "errors": C.errors(out[True], out[False]),
                 **({} if launched else {"error": "the per-sequence token pass did not run"})}
 
+    def other_device(self) -> dict[str, Any]:
+        """The ops on tensors of a device that is not the current one against the same calls with it current
+        (``n/a``: fewer than two GPUs, or the dry run's CPU)."""
+        import torch
+
+        if self.dry or torch.cuda.device_count() < 2:
+            return {"n/a": f"needs 2 GPUs, this machine has {torch.cuda.device_count()}"}
+        from dplr_gen.runtime import ops
+
+        case = CASES["D64"]
+        op, _ = C.load_op(C.SYSTEMS["dplr-fast"], self.cfg["package"])
+        pkg = self.package()
+        other = torch.device("cuda", 1)
+        x = {n: (t.to(other) if isinstance(t, torch.Tensor) else t) for n, t in self.inputs(case).items()}
+        do, dht = C.grad_outputs(x, case.seed)
+
+        def decode() -> dict[str, Any]:
+            with torch.inference_mode():
+                o, ht = ops.fused_recurrent_rwkv7(*(x[n][:, :1] for n in ("r", "w", "k", "v", "a", "b")),
+                                                  scale=1.0, initial_state=x["h0"], output_final_state=True,
+                                                  package=pkg)
+            return {"o": o, "ht": ht}
+
+        torch.cuda.set_device(0)
+        away = {**C.fwd_bwd(op, C.leaves(x), do, dht), **{"step_" + k: v for k, v in decode().items()}}
+        current = torch.cuda.current_device()
+        with torch.cuda.device(other):
+            home = {**C.fwd_bwd(op, C.leaves(x), do, dht), **{"step_" + k: v for k, v in decode().items()}}
+        torch.cuda.synchronize(other)
+        from dplr_gen.testing import rel_err
+
+        errors = {**C.errors(away, home), **{k: rel_err(away[k], home[k]) for k in ("step_o", "step_ht")}}
+        return {"current_device_during_call": current, "errors": errors}
+
     def graph(self) -> dict[str, Any]:
         """One training step (forward, then torch.autograd.grad) captured in a CUDA graph after two warm-up
         steps on a side stream (PyTorch's recipe), replayed, against the eager step on the same inputs."""
@@ -523,10 +561,13 @@ def judge_all(results: dict[str, dict[str, Any]], cases: dict[str, Case], dry: b
                      "status": "FAIL" if err or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
     for job, bound, system in (("scale-decode", 5e-3, "fused_recurrent"), ("compile", COMPILE_TOL, "dplr-fast"),
                                ("overlap", 0.0, "dplr-fast"), ("overlap-varlen", 0.0, "dplr-fast"),
-                               ("per-sequence", 0.0, "dplr-fast"),
+                               ("per-sequence", 0.0, "dplr-fast"), ("other-device", 0.0, "dplr-fast"),
                                ("graph", 0.0, "dplr-fast"),
                                ("pool", COMPILE_TOL, "fused_recurrent")):
         r = results.get(job, {"error": "not run"})
+        if "n/a" in r:  # a check this machine cannot make (other-device on one GPU): said so, neither way
+            rows.append({"check": job, "system": system, "cells": {}, "error": r["n/a"], "status": "n/a"})
+            continue
         cells = {q: (e, *judge(e, bound)) for q, e in r.get("errors", {}).items()}
         rows.append({"check": job, "system": system, "cells": cells, "error": r.get("error"),
                      "status": "FAIL" if r.get("error") or not cells or any(c[1] == "FAIL" for c in cells.values()) else "PASS"})
@@ -561,7 +602,9 @@ def render(rows: list[dict[str, Any]]) -> str:
         why = [] if r.get("error") else [f"{q} {note}" for q, (_, st, note) in r["cells"].items() if st == "FAIL"]
         fails.append(f"FAIL {r['check']} {r['system']}: " + "; ".join(why + ([r["error"][:300]] if r.get("error") else [])))
     notes = [f"note: {r['check']} {r['system']} (the yardstick) did not run: {(r['error'] or '')[:200]}; "
-             "'no worse than fla' was not checked there" for r in rows if r["status"] == "n/a"]
+             "'no worse than fla' was not checked there" if r["system"] == FLA
+             else f"note: {r['check']} not checked on this machine: {(r['error'] or '')[:200]}"
+             for r in rows if r["status"] == "n/a"]
     return table + "\n\n" + "\n".join(notes + fails + ([] if fails else ["all checks PASS"]))
 
 

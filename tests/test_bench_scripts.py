@@ -352,6 +352,10 @@ def test_gpu_check_rows() -> None:
     }
     rows = {(r["check"], r["system"]): r for r in g.judge_all(res, g.CASES)}
     assert rows[("per-sequence", "dplr-fast")]["status"] == "FAIL"
+    assert rows[("other-device", "dplr-fast")]["status"] == "FAIL"  # not run
+    one_gpu = dict(res, **{"other-device": {"n/a": "needs 2 GPUs, this machine has 1"}})
+    row = {(r["check"], r["system"]): r for r in g.judge_all(one_gpu, g.CASES)}[("other-device", "dplr-fast")]
+    assert row["status"] == "n/a" and "needs 2 GPUs" in row["error"]
     ran = dict(res, **{"per-sequence": {"launched": 1, "errors": {q: 0.0 for q in C.QUANTITIES}}})
     assert {(r["check"], r["system"]): r for r in g.judge_all(ran, g.CASES)}[("per-sequence", "dplr-fast")]["status"] == "PASS"
     one_bit = dict(res, **{"per-sequence": {"launched": 1, "errors": {**{q: 0.0 for q in C.QUANTITIES}, "dk": 1e-7}}})

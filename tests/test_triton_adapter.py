@@ -409,3 +409,31 @@ def test_warm_launchers_builds_one_stub_per_signature(monkeypatch) -> None:
           kernel({"x": "*fp32", "n": "i32"}, {}), kernel({"x": "*bf16", "n": "i32"}, {(1,): 4})]
     launch_stubs.warm_launchers(ks)
     assert len(built) == 3
+
+
+def test_loaded_kernel_launches_on_each_device_from_its_own_module(monkeypatch) -> None:
+    """A loaded kernel launched on a second device uses a copy of Triton's compiled kernel whose module is
+    loaded again (Triton keeps the module of the device current at its first launch); each device keeps its
+    own from then on, and the first device's is the original."""
+    from types import SimpleNamespace
+
+    launched: list[tuple[int, Any]] = []
+
+    class Compiled(SimpleNamespace):
+        def __getitem__(self, grid: Any) -> Any:
+            if self.module is None:
+                self.module, self.function = f"module@{device[0]}", f"function@{device[0]}"
+            return lambda *args, stream=None: launched.append((device[0], self.function))
+
+    original = Compiled(module=None, function=None, name="k")
+    k = launch.LoadedKernel(original, [("x", False)], {})
+    device = [0]
+    monkeypatch.setattr(launch, "_current_device", lambda: device[0])
+    k[(1,)](1)
+    device[0] = 1
+    k[(1,)](1)
+    k[(1,)](1)
+    device[0] = 0
+    k[(1,)](1)
+    assert launched == [(0, "function@0"), (1, "function@1"), (1, "function@1"), (0, "function@0")]
+    assert k.on_device(0) is original and k.on_device(1) is not original and original.function == "function@0"

@@ -508,6 +508,14 @@ def _run(
             raise TypeError(f"cp_context must come from dplr_gen.cp.build_cp_context, got {type(cp_context).__name__}")
         return run_slice(names, package, tensors, scale, initial_state, output_final_state, cu_seqlens,
                          cu_seqlens_cpu, chunk_size, lower_bound)
+    first = tensors[0]
+    if (isinstance(first, torch.Tensor) and first.is_cuda and first.device.index != torch.cuda.current_device()
+            and not torch.compiler.is_compiling()):
+        # kernels launch on the current device: a model split over GPUs in one process (accelerate's
+        # device_map) calls with its tensors on another (the backward runs on their device's autograd thread)
+        with torch.cuda.device(first.device):
+            return _run(op, package, names, tensors, scale, initial_state, output_final_state, cu_seqlens,
+                        cu_seqlens_cpu, chunk_size, lower_bound, keep_states, cp_context, state_indices, mul_ab)
     grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (*tensors, initial_state))
     if mul_ab and grad:

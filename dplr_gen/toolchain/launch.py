@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -56,8 +58,17 @@ class LaunchTables:
         self.CONSTEXPRS[name], self.SIGNATURES[name], self.LAUNCH[name] = fn.constants, fn.signature, fn.launch
 
 
+def _current_device() -> int:
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
 class LoadedKernel:
-    """A launchable kernel rebuilt from persisted files: ``kernel[grid](*runtime_args, stream=None)``."""
+    """A launchable kernel rebuilt from persisted files: ``kernel[grid](*runtime_args, stream=None)``, on the
+    current device. Triton's CompiledKernel loads its module on the device current at its first launch and
+    keeps it there; a kernel set serves every device of its arch (a model split over GPUs in one process), so
+    each further device gets a copy of it that loads its own."""
 
     def __init__(self, compiled: Any, order: list[tuple[str, bool]], constexprs: Mapping[str, Any]) -> None:
         self.compiled = compiled  # triton CompiledKernel (internal API: don't reach into it elsewhere)
@@ -65,6 +76,23 @@ class LoadedKernel:
         self._order = order
         self._constexprs = dict(constexprs)
         self.n_runtime = sum(1 for _, c in order if not c)
+        self._by_device: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def on_device(self, device: int) -> Any:
+        """The CompiledKernel that launches on ``device``: the first device's is ``compiled`` itself."""
+        found = self._by_device.get(device)
+        if found is not None:
+            return found
+        with self._lock:
+            if device not in self._by_device:
+                if not self._by_device:
+                    self._by_device[device] = self.compiled
+                else:
+                    other = copy.copy(self.compiled)
+                    other.module = other.function = None  # loaded again, on this device, at its first launch
+                    self._by_device[device] = other
+            return self._by_device[device]
 
     @property
     def metadata(self) -> Any:
@@ -81,7 +109,7 @@ class LoadedKernel:
     def __getitem__(self, grid: int | Sequence[int]) -> Callable[..., None]:
         g = (grid,) if isinstance(grid, int) else tuple(grid)
         g = (g + (1, 1, 1))[:3]  # CompiledKernel indexes grid[0..2]
-        launch = self.compiled[g]
+        launch = self.on_device(_current_device())[g]
         n = self.n_runtime
 
         def run(*args: Any, stream: Any = None) -> None:
