@@ -207,48 +207,6 @@ def test_per_sequence_rows_as_addresses_are_the_views_addresses() -> None:
     assert chunk_driver._rows_at(None, 0)(3, 4) is None
 
 
-@pytest.mark.parametrize("cu_dtype", [torch.int64, torch.int32])
-def test_varlen_values_read_after_the_launches(pkg, monkeypatch: pytest.MonkeyPatch, cu_dtype: torch.dtype) -> None:
-    """A new cu_seqlens read without waiting (varlen.PendingRead, as a CUDA tensor's is; forced here on the CPU):
-    the same outputs and gradients bit for bit as the read before the launches, with and without grad, the
-    backward given the values (the per-sequence rule sees them), the caller's tensor untouched; values that are
-    no sequence boundaries refused by name after the launches, the kernels having walked boundaries clamped to
-    the tokens."""
-    from dplr_gen.runtime import varlen
-
-    lens = [5, 16, 1, 30]
-    offs = [0, *torch.tensor(lens).cumsum(0).tolist()]
-    x = rwkv7_inputs(1, sum(lens), 2, 32, dtype=torch.float32, initial_state=False)
-    x["initial_state"] = torch.randn(len(lens), 2, 32, 32)
-    do, dht = torch.randn_like(x["v"]), torch.randn_like(x["initial_state"])
-    seen: list[Any] = []
-    real = chunk_driver.per_sequence_launches
-    monkeypatch.setattr(chunk_driver, "per_sequence_launches",
-                        lambda ks, saved, *a: seen.append(saved.get("offsets")) or real(ks, saved, *a))
-    results = {}
-    for defer in (False, True):
-        monkeypatch.setattr(varlen, "DEFER_READS", defer)
-        varlen.clear()
-        cu = torch.tensor(offs, dtype=cu_dtype)
-        o, ht, xs = run_op(pkg, x, cu_seqlens=cu, lower_bound=-0.61)
-        torch.autograd.backward((o, ht), (do, dht))
-        with torch.no_grad():
-            o_ng, _, _ = run_op(pkg, x, cu_seqlens=torch.tensor(offs, dtype=cu_dtype), lower_bound=-0.61)
-        results[defer] = (o, ht, o_ng, *(xs[n].grad for n in NAMES))
-        assert cu.tolist() == offs and cu.dtype == cu_dtype
-    assert all(torch.equal(a, b) for a, b in zip(results[False], results[True]))
-    assert [tuple(s) for s in seen] == [tuple(offs)] * 2
-    for bad, message in (([0, 5, 3, 52], "non-decreasing"), ([0, 5, 21, 60], "end at T"), ([2, 5, 21, 52], "start at 0"),
-                         ([0, 5, 5, 52], "empty sequence")):
-        with pytest.raises(ValueError, match=message):
-            run_op(pkg, x | {"initial_state": x["initial_state"][:3]}, cu_seqlens=torch.tensor(bad, dtype=cu_dtype),
-                   lower_bound=-0.61)
-    walk = varlen.walkable_boundaries(torch.tensor([3, 70, -4, 20, 9], dtype=cu_dtype), 52)
-    assert walk.dtype == torch.int32 and walk.tolist() == [0, 52, 52, 52, 52]
-    walk = varlen.walkable_boundaries(torch.tensor([0, 9, 4, 30, 52], dtype=cu_dtype), 52)
-    assert walk.tolist() == [0, 9, 9, 30, 52]
-
-
 def test_one_side_stream_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The states pass and the per-sequence launches share one side stream per device; off CUDA there is none."""
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())

@@ -101,11 +101,7 @@ def _check_inputs(
     initial_state: Any,
     cu_seqlens: Any,
     cu_seqlens_cpu: Any,
-    defer_read: bool = False,
 ) -> dict[str, Any]:
-    """The checked sizes, N, the scale and cu_seqlens' host ``offsets``; with ``defer_read`` (the chunk op) a
-    new CUDA cu_seqlens is not waited for: ``offsets`` None and ``pending`` its varlen.PendingRead (the caller
-    launches first, then takes its result, which checks the values)."""
     if _tensors_agree(tensors):
         B, T, H, K = tensors[0].shape
         V = tensors[2].shape[3]
@@ -119,7 +115,6 @@ def _check_inputs(
     q_name = names[0]
 
     offsets: tuple[int, ...] | None = None
-    pending: varlen.PendingRead | None = None
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype not in (torch.int32, torch.int64):
             got = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else type(cu_seqlens).__name__
@@ -131,10 +126,7 @@ def _check_inputs(
         if B != 1:
             raise ValueError(f"with cu_seqlens the batch size must be 1 (sequences laid end to end), got B = {B}")
         # read once per tensor object (none while tracing: checked in eager runs)
-        if defer_read:
-            offsets, pending = varlen.start_read(cu_seqlens, cu_seqlens_cpu, T)
-        else:
-            offsets = varlen.read_offsets(cu_seqlens, cu_seqlens_cpu, T)
+        offsets = varlen.read_offsets(cu_seqlens, cu_seqlens_cpu, T)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor):
@@ -148,8 +140,7 @@ def _check_inputs(
             raise TypeError(f"initial_state must be a floating tensor, got {initial_state.dtype}")
         if initial_state.device != dev:
             raise ValueError(f"initial_state is on {initial_state.device} but {q_name} is on {dev}")
-    return {"B": B, "T": T, "H": H, "K": K, "V": V, "N": N, "scale": float(scale), "offsets": offsets,
-            "pending": pending}
+    return {"B": B, "T": T, "H": H, "K": K, "V": V, "N": N, "scale": float(scale), "offsets": offsets}
 
 
 def _constant_result(fn: Any) -> Any:
@@ -424,18 +415,14 @@ class _EagerOp(torch.autograd.Function):
     backward's peak."""
 
     @staticmethod
-    def forward(ctx: Any, op: str, keep_states: bool, prep_for_bwd: bool, offsets: Any,
+    def forward(ctx: Any, op: str, keep_states: bool, prep_for_bwd: bool, offsets: Optional[list[int]],
                 lower_bound: Optional[float], *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        # offsets: cu_seqlens' host values, or a varlen.PendingRead of them, taken once the launches are out
-        pending = offsets if isinstance(offsets, varlen.PendingRead) else None
         ctx.prep = []  # the forward's run of the backward's prep, if any: taken by the first backward
-        ctx.offsets = None if pending is not None else offsets
+        ctx.offsets = offsets
         if op == "chunk":
-            *out, prep = _chunk_fwd_run(*args, keep_states, prep_for_bwd, ctx.offsets, lower_bound)
+            *out, prep = _chunk_fwd_run(*args, keep_states, prep_for_bwd, offsets, lower_bound)
             if prep is not None:
                 ctx.prep.append(prep)
-            if pending is not None:  # the backward gets them (raises on values that are no sequence boundaries)
-                ctx.offsets = pending.result()
         else:
             out = _fused_fwd_impl(*args)
         _save_inputs(ctx, args, out)
@@ -537,9 +524,7 @@ def _run(
         tensors = (*tensors[:3], -kk, kk * rate, tensors[5])
         mul_ab = False
     pooled = state_indices is not None
-    info = _check_inputs(names, tensors, scale, None if pooled else initial_state, cu_seqlens, cu_seqlens_cpu,
-                         defer_read=op == "chunk" and not pooled)
-    pending = info["pending"]
+    info = _check_inputs(names, tensors, scale, None if pooled else initial_state, cu_seqlens, cu_seqlens_cpu)
     q, k, v, a, b, g = tensors
     if pooled:
         state_indices = _state_pool(state_indices, initial_state, info["N"], info["H"], info["K"], info["V"],
@@ -567,12 +552,7 @@ def _run(
         h0 = q.new_zeros(info["N"], info["H"], info["K"], info["V"], dtype=torch.float32)
     else:
         h0 = initial_state.to(torch.float32)
-    if cu_seqlens is None:
-        cu = None
-    elif pending is not None:  # values not read yet: boundaries every kernel can walk, checked after the launches
-        cu = varlen.walkable_boundaries(cu_seqlens, info["T"])
-    else:
-        cu = varlen.int32_boundaries(cu_seqlens, info["offsets"])
+    cu = None if cu_seqlens is None else varlen.int32_boundaries(cu_seqlens, info["offsets"])
     args = [t.contiguous() for t in (q, k, v, a, b, g, h0)]
     # the package travels as its folder path: custom ops take plain strings, and paths are unique
     pkg = package.dir_str
@@ -585,8 +565,6 @@ def _run(
         if op == "chunk":
             o, ht = _chunk_fwd_run(pkg, variant, *args, cu, info["scale"], False, False, info["offsets"] or None,
                                    kernel_bound)[:2]
-            if pending is not None:
-                pending.result()  # (raises on values that are no sequence boundaries)
         else:
             # varlen starts read on the host (and checked: no empty sequence): as many sequences as tokens is one
             # token each, the decode step's kernel
@@ -595,8 +573,8 @@ def _run(
     elif not torch.compiler.is_compiling():
         # the forward that keeps the states runs the backward's prep too (_EagerOp)
         # (the sequence starts as read on the host for the checks: the varlen slot maps are built from them)
-        o, ht = _EagerOp.apply(op, keep, keep and PREP_IN_FORWARD, pending or info["offsets"] or None, kernel_bound,
-                               pkg, variant, *args, cu, info["scale"])
+        o, ht = _EagerOp.apply(op, keep, keep and PREP_IN_FORWARD, info["offsets"] or None, kernel_bound, pkg, variant,
+                               *args, cu, info["scale"])
     elif op == "chunk":
         o, ht, _, _ = _chunk_fwd(pkg, variant, *args, cu, info["scale"], keep, kernel_bound)
     else:

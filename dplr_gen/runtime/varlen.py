@@ -85,61 +85,6 @@ def read_offsets(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor | None, 
     return _remember(_BY_OBJECT, id(cu_seqlens), (weakref.ref(cu_seqlens), cu_seqlens._version, offsets))[2]
 
 
-class PendingRead:
-    """The values of a CUDA ``cu_seqlens`` on their way to the host: copied into pinned memory without waiting,
-    so that the call's first launches go out before the device is waited for (a new tensor each call, a data
-    loader's, otherwise leaves the device idle while the host prepares them: 0.29-0.44 ms a forward+backward
-    at the bench's 11 sequences, H100). Meanwhile the kernels walk ``walkable_boundaries`` and maps built on the
-    device. ``result`` waits for the copy, checks the values (ValueError naming cu_seqlens) and remembers them
-    for the tensor, as ``read_offsets`` would have."""
-
-    def __init__(self, cu_seqlens: torch.Tensor, T: int) -> None:
-        self.cu_seqlens, self.T, self.version = cu_seqlens, T, cu_seqlens._version
-        self.host = torch.empty(cu_seqlens.shape, dtype=cu_seqlens.dtype, pin_memory=cu_seqlens.is_cuda)
-        self.host.copy_(cu_seqlens, non_blocking=True)
-        self.event = None
-        if cu_seqlens.is_cuda:
-            self.event = torch.cuda.Event()
-            self.event.record(torch.cuda.current_stream(cu_seqlens.device))
-
-    def result(self) -> tuple[int, ...]:
-        if self.event is not None:
-            self.event.synchronize()
-        offsets = tuple(int(x) for x in self.host.tolist())
-        check_offsets(offsets, self.T)
-        t = self.cu_seqlens
-        return _remember(_BY_OBJECT, id(t), (weakref.ref(t), self.version, offsets))[2]
-
-
-# DEFER_READS: read a new CUDA cu_seqlens' values without waiting (PendingRead); True also on the CPU (tests),
-# False never
-DEFER_READS: bool | None = None
-
-
-def start_read(cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor | None, T: int,
-               ) -> tuple[tuple[int, ...] | None, PendingRead | None]:
-    """(offsets, None) as ``read_offsets`` gives them where that does not wait (values given on the host, a
-    tensor read before, tracing, a CPU tensor); else (None, a PendingRead of them)."""
-    defer = cu_seqlens.is_cuda if DEFER_READS is None else DEFER_READS
-    if not defer or cu_seqlens_cpu is not None or tracing(cu_seqlens):
-        return read_offsets(cu_seqlens, cu_seqlens_cpu, T), None
-    hit = _lookup(_BY_OBJECT, id(cu_seqlens))
-    if hit is not None and hit[0]() is cu_seqlens and hit[1] == cu_seqlens._version and hit[2][-1] == T:
-        return hit[2], None
-    return None, PendingRead(cu_seqlens, T)
-
-
-def walkable_boundaries(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
-    """int32 boundaries on cu_seqlens' device that every kernel can walk whatever the values hold: within
-    [0, T], non-decreasing, 0 first and T last; equal to cu_seqlens where it is valid (a PendingRead checks
-    that before the call returns). Computed on the device: nothing waits."""
-    b = cu_seqlens.to(torch.int32, copy=True).clamp_(0, T)  # (never the caller's tensor)
-    b[0] = 0  # (fills on the device: a tensor made from host values would wait for the copy)
-    b = torch.cummax(b, 0).values
-    b[-1] = T
-    return b
-
-
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on ``device``: from pinned memory without waiting for the device's queued work (a copy
     from pageable memory would wait for it)."""
