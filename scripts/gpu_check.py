@@ -336,19 +336,24 @@ class Worker:
         return self._overlap_case(Case(1, sum(lens), H, 64, "float32" if self.dry else "bfloat16", 36, lens))
 
     def _overlap_case(self, case: Case) -> dict[str, Any]:
+        x = self.inputs(case)
+        # would the driver pick the side stream here by itself (the variant's knob, the grid)?
+        picked = C.overlap_picked(self.cfg["package"], x, case.lengths) if x["r"].is_cuda else None
+        return {"picked_by_driver": picked, "errors": self._forced_on_against_off(case, x, "overlap")}
+
+    def _forced_on_against_off(self, case: Case, x: dict[str, Any], option: str) -> dict[str, float]:
+        """dplr-fast's forward+backward on ``x`` (int64 cu_seqlens for a varlen case) with the driver option
+        ``option`` forced on, against the same with it forced off: the errors of each quantity."""
         from dplr_gen.runtime import chunk_driver
 
         op, _ = C.load_op(C.SYSTEMS["dplr-fast"], self.cfg["package"])
-        x = self.inputs(case)
         do, dht = C.grad_outputs(x, case.seed)
         cu, _ = C.cu_tensors(case.lengths, "int64", self.device)
-        # would the driver pick the side stream here by itself (the variant's knob, the grid)?
-        picked = C.overlap_picked(self.cfg["package"], x, case.lengths) if x["r"].is_cuda else None
         out = {}
         for mode in (False, True):
-            with chunk_driver.forced(overlap=mode):
+            with chunk_driver.forced(**{option: mode}):
                 out[mode] = C.fwd_bwd(op, C.leaves(x), do, dht, cu)
-        return {"picked_by_driver": picked, "errors": C.errors(out[True], out[False])}
+        return C.errors(out[True], out[False])
 
     def per_sequence(self) -> dict[str, Any]:
         """The varlen token pass launched per sequence against the one varlen launch, both forced, on the
@@ -358,10 +363,6 @@ class Worker:
 
         lens = (1, 15, 17, 30) if self.dry else C.LENGTHS11
         case = Case(1, sum(lens), 1 if self.dry else 32, 64, "float32" if self.dry else "bfloat16", 37, lens)
-        op, _ = C.load_op(C.SYSTEMS["dplr-fast"], self.cfg["package"])
-        x = self.inputs(case)
-        do, dht = C.grad_outputs(x, case.seed)
-        cu, _ = C.cu_tensors(case.lengths, "int64", self.device)
         real, launched = chunk_driver._token_pass_per_sequence, []
 
         def counted(*a: Any, **k: Any) -> None:
@@ -370,13 +371,10 @@ class Worker:
 
         chunk_driver._token_pass_per_sequence = counted
         try:
-            out = {}
-            for mode in (False, True):
-                with chunk_driver.forced(per_sequence=mode):
-                    out[mode] = C.fwd_bwd(op, C.leaves(x), do, dht, cu)
+            errors = self._forced_on_against_off(case, self.inputs(case), "per_sequence")
         finally:
             chunk_driver._token_pass_per_sequence = real
-        return {"launched": len(launched), "errors": C.errors(out[True], out[False]),
+        return {"launched": len(launched), "errors": errors,
                 **({} if launched else {"error": "the per-sequence token pass did not run"})}
 
     def other_device(self) -> dict[str, Any]:

@@ -721,7 +721,8 @@ def per_sequence_launches(ks, saved, nk: int, device: torch.device) -> list[tupl
     seqs = [(bos, eos, bos // TC + n) for n, (bos, eos) in enumerate(zip(offs[:-1], offs[1:]))]
     if OPTIONS.per_sequence is None:
         resident = twin.resident_per_sm(BWD, device) if device.type == "cuda" else None
-        if split_kernel(ks) or not resident or BWD not in twin.option("persistent", ()) or len(seqs) > PER_SEQUENCE_MAX_SEQS:
+        if (split_kernel(ks) or not resident or BWD not in twin.option("persistent", ())
+                or len(seqs) > PER_SEQUENCE_MAX_SEQS):
             return None
         wave = resident * _device_sms(device)
         if min(_cdiv(eos - bos, TC) * H * nk for bos, eos, _ in seqs) < PER_SEQUENCE_MIN_WAVES * wave:
