@@ -204,3 +204,11 @@ def test_launch_takes_the_declared_arguments_by_name() -> None:
     assert got[-1] == ("chunk_x_t16_kernel", (3,), ("Q", 48, 2))
     with pytest.raises(TypeError, match="chunk_x_kernel: no value given for its argument 'T'"):
         chunk_driver._launch(KS(), "chunk_x_kernel", (3,), {"q": "Q", "H": 2})
+
+
+def test_cuda_index_names_the_current_device_where_the_device_has_no_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dplr_gen.runtime import devices
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
+    assert devices.cuda_index(torch.device("cuda")) == 5
+    assert devices.cuda_index(torch.device("cuda", 2)) == 2

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import gate_check
+from .devices import cuda_index
 from .gate_check import Promise
 from .varlen import chunk_map_from_cu_seqlens, slot_map  # noqa: F401 (cp and tests use both from here)
 
@@ -200,7 +201,7 @@ def _device_sms(device: torch.device) -> int:
     """SMs of a CUDA device (0 for any other)."""
     if device.type != "cuda":
         return 0
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(cuda_index(device))
 
 
 def _pass_kernel(ks, name: str, NH: int, V: int, device: torch.device, busy: float = 1.0) -> tuple[str, int]:

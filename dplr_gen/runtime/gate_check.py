@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from ..toolchain import settings
+from .devices import cuda_index
 
 CHECK_ENV = "DPLR_GEN_CHECK_LOWER_BOUND"
 
@@ -105,7 +106,7 @@ def kernel_flag(device: torch.device) -> torch.Tensor | None:
     assert raises at once and the process goes on)."""
     if device.type != "cuda":
         return torch.ones((1,), dtype=torch.int32, device=device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = cuda_index(device)
     flag = _CUDA_FLAGS.get(index)
     if flag is None:
         if torch.cuda.is_current_stream_capturing():

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .devices import cuda_index
+
 # values of the boundaries -> their device forms; identity of a tensor -> its values (the last few of each)
 _KEPT = 32
 _LOCK = threading.Lock()  # calls from several threads (one per device, say) share the caches
@@ -97,7 +99,7 @@ def _stream_key(device: torch.device) -> Any:
     # the raw handle of the current stream: torch.cuda.current_stream(device) costs ~10x more host time
     if device.type != "cuda":
         return None
-    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if device.index is None else device.index)
+    return torch._C._cuda_getCurrentRawStream(cuda_index(device))
 
 
 def int32_boundaries(cu_seqlens: torch.Tensor, offsets: tuple[int, ...] | None) -> torch.Tensor:
