@@ -45,6 +45,7 @@ NAMES = ("q", "k", "v", "a", "b", "gk", "initial_state")
 QUANTITIES = ("o", "ht", "dq", "dk", "dv", "da", "db", "dgk", "dinitial_state")
 VARLEN = (1, 15, 16, 17, 63, 200, 2000, 37, 700, 1)
 REGIMES = ("rwkv7", "delta", "delta-signed", "delta-beta", "slow", "masked", "bound", "steep")
+FAMILIES = ("bounded", "any")  # lower_bound=-0.61, and no bound
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,11 @@ class Row:
         return f"{self.group}/{self.dtype}/{self.family}/{self.regime}/K{self.K}V{self.V}/{shape}H{self.H}"
 
 
-def rows(groups: set[str], dims: list[tuple[int, int]], dtypes: list[str]) -> list[Row]:
+def rows(groups: set[str], dims: list[tuple[int, int]], dtypes: list[str],
+         families: tuple[str, ...] = FAMILIES) -> list[Row]:
     out: list[Row] = []
     for dt in dtypes:
-        for fam in ("bounded", "any"):
+        for fam in families:
             regimes = [r for r in REGIMES if not (r == "steep" and fam == "bounded")]
             if "main" in groups:
                 out += [Row("main", dt, fam, r, d, d, 1000) for d in (64, 128) for r in regimes]
@@ -164,6 +166,8 @@ def main() -> int:
     ap.add_argument("--only", default="main,length,varlen")
     ap.add_argument("--dims", default="16x16,60x60,100x100,256x256,64x128,100x60")
     ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help="variant families: bounded (lower_bound=-0.61), any (no bound)")
     ap.add_argument("--fla-max-configs", type=int, default=1,
                     help="fla's autotuners keep this many configs (its error does not depend on the tile config)")
     ap.add_argument("--no-fla", action="store_true")
@@ -176,7 +180,11 @@ def main() -> int:
     import dplr_gen
 
     dims = [tuple(int(p) for p in d.split("x")) for d in args.dims.split(",") if d]
-    todo = rows(set(args.only.split(",")), dims, args.dtypes.split(",") if not args.dry_run else ["fp16"])  # type: ignore[arg-type]
+    families = tuple(f for f in args.families.split(",") if f)
+    if not families or set(families) - set(FAMILIES):
+        ap.error(f"--families: a comma-separated subset of {', '.join(FAMILIES)}, got {args.families!r}")
+    todo = rows(set(args.only.split(",")), dims, args.dtypes.split(",") if not args.dry_run else ["fp16"],  # type: ignore[arg-type]
+                families)
     if args.dry_run:
         todo = [Row(r.group, r.dtype, r.family, r.regime, min(r.K, 64), min(r.V, 64), min(r.T, 40), 1, 1, False)
                 for r in todo if not r.varlen][:6]

@@ -509,6 +509,17 @@ def test_accuracy_matrix_dry_run(tmp_path: Path) -> None:
     d = json.loads(out.read_text())
     assert d["summary"]["rows"] >= 4 and d["summary"]["pass"] == d["summary"]["rows"], d["summary"]
     assert all(set(r["dplr"]) >= {"o", "ht", "da", "db", "dgk"} for r in d["rows"])
+    # one family only, and an unknown one refused naming the valid ones
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "accuracy_matrix.py"), "--dry-run", "--out",
+                           str(out), "--only", "main", "--families", "any"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads(out.read_text())
+    assert d["rows"] and {r["row"]["family"] for r in d["rows"]} == {"any"}
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "accuracy_matrix.py"), "--dry-run", "--out",
+                           str(out), "--families", "bounded,capped"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 2 and "bounded, any" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_kernel_profile_dry_run(tmp_path: Path) -> None:
