@@ -43,13 +43,15 @@ DENSE_BATCH = C.Shape(16, 2048, 32, 64)  # ... and as 16 dense sequences of thei
 DENSE_TWINS = {"dense_equiv": DENSE_EQUIV, "dense_batch": DENSE_BATCH}
 # the call forms users have: 11 sequences of 512-8192 tokens (multiples of 16, so the CUDA kernel runs too) and 8
 # ragged ones (lengths not multiples of 16), with cu_seqlens in int64 (fla-core's type hint) or int32, reused by
-# every call (every layer of a model) or new each step (a data loader's)
+# every call (every layer of a model), new each step (a data loader's) with the same values, or new each step
+# with new values (the same lengths in another order: a data loader's next batch)
 LENGTHS11 = C.LENGTHS11
 RAGGED8 = (1000, 2047, 3333, 517, 4099, 1234, 5001, 1873)
 CALL_FORMS = tuple(
-    C.Shape(1, sum(lens), 32, 64, lens, name=name, cu_dtype=dt, fresh_cu=fresh)
+    C.Shape(1, sum(lens), 32, 64, lens, name=name, cu_dtype=dt, fresh_cu=fresh, reordered_cu=reordered)
     for name, lens in (("varlen11x32768x32x64", LENGTHS11), ("ragged8x19104x32x64", RAGGED8))
-    for dt, fresh in (("int64", False), ("int32", False), ("int64", True))
+    for dt, fresh, reordered in (("int64", False, False), ("int32", False, False), ("int64", True, False),
+                                 ("int64", True, True))
 )
 # shapes whose work is bound by the host: their wall time is compared with their device time (CUDA graph replay)
 HOST_BOUND = C.Shape(1, 4096, 2, 128)
@@ -67,7 +69,9 @@ DECODE_H, DECODE_D = 32, 64
 # decode forms: fused_recurrent_rwkv7 (a, b given) and fused_mul_recurrent_rwkv7 (kk, a given: fla's RWKV-7
 # layer's decoding call); dplr-gen's also with a state pool (ssm_state_indices, states read and written in place)
 DECODE_FORMS = {"dplr": ("fused", "mul", "pool"), "fla": ("fused", "mul")}
-DRY_SHAPES = [C.Shape(1, 64, 1, 64), C.Shape(1, 64, 1, 64, (20, 1, 43), name="varlen3x64x1x64")]
+DRY_SHAPES = [C.Shape(1, 64, 1, 64), C.Shape(1, 64, 1, 64, (20, 1, 43), name="varlen3x64x1x64"),
+              C.Shape(1, 64, 1, 64, (20, 1, 43), name="varlen3x64x1x64", cu_dtype="int64", fresh_cu=True,
+                      reordered_cu=True)]
 ACC_SHAPE, DRY_ACC_SHAPE = C.Shape(1, 512, 2, 64), C.Shape(1, 32, 1, 64)
 SEED = 1234
 
@@ -159,12 +163,16 @@ class Worker:
                 "info": s["info"]}
 
     def speed(self, system: str, shape: C.Shape) -> dict[str, Any]:
+        import torch
+
         s = self.first_call(system, shape)
         op, x, do, dht, cu, cu_cpu = (s[k] for k in ("op", "x", "do", "dht", "cu", "cu_cpu"))
         finite = all(C.all_finite(s["got"]).values())
         del s["got"]
         warmup, rep = self.cfg["warmup"], self.cfg["rep"]
-        fwd, fwd_bwd = C.step_closures(op, x, do, dht, cu, cu_cpu, fresh_cu=shape.fresh_cu)
+        # the reordered form: every call copies the next of these host tensors (new boundary values each call)
+        cycle = [torch.tensor(b, dtype=cu_cpu.dtype) for b in shape.cu_orders()] if shape.reordered_cu else []
+        fwd, fwd_bwd = C.step_closures(op, x, do, dht, cu, cu_cpu, fresh_cu=shape.fresh_cu, cu_cycle=cycle)
         fwd_ms = C.bench_ms(fwd, self.device, warmup, rep)
         fb_ms = C.bench_ms(fwd_bwd, self.device, warmup, rep)
         peak = C.peak_bytes(fwd_bwd, self.device)
@@ -586,7 +594,9 @@ DEFINITIONS = {
                   "grad_outputs would import sympy, seconds of torch's own)",
     "call_forms": "varlen shapes name how cu_seqlens is passed: -int64 / -int32 its dtype, one tensor reused by "
                   "every call (every layer of a model), -fresh a new tensor copied from the host each call (a data "
-                  "loader's); never cu_seqlens_cpu (fla's layer does not pass it)",
+                  "loader's), -reordered a new tensor each call holding other boundaries (the same lengths in "
+                  "another order, cycling through 64 orders: a data loader's next batch, new values, the same "
+                  "work); never cu_seqlens_cpu (fla's layer does not pass it)",
     "wall_fwd_bwd_ms": "host-bound shape: wall time per fwd+bwd of 50 calls back to back (synchronised before and "
                        "after; the median of 5 such runs); graph_fwd_bwd_ms: the same step captured in a CUDA "
                        "graph, median replay (device time; graph_error where the replay's outputs differ from "

@@ -16,6 +16,7 @@ import datetime as _dt
 import gc
 import hashlib
 import inspect
+import itertools
 import json
 import math
 import os
@@ -352,14 +353,36 @@ class Shape:
     lengths: tuple[int, ...] | None = None  # varlen: sequences laid end to end (B = 1)
     name: str = ""
     # varlen call forms: cu_seqlens' dtype (None: the system's, int64), and a new tensor each call (a data
-    # loader's: copied from the host every step) instead of one tensor reused
+    # loader's: copied from the host every step) instead of one tensor reused; ``reordered_cu``: each call's new
+    # tensor holds other boundaries, the same lengths in another order (a data loader's next batch: new values,
+    # the same work), cycling through CU_ORDERS orders
     cu_dtype: str | None = None
     fresh_cu: bool = False
+    reordered_cu: bool = False
 
     @property
     def label(self) -> str:
         base = self.name or f"{self.B}x{self.T}x{self.H}x{self.D}"
-        return base + (f"-{self.cu_dtype}" if self.cu_dtype else "") + ("-fresh" if self.fresh_cu else "")
+        form = "-reordered" if self.reordered_cu else "-fresh" if self.fresh_cu else ""
+        return base + (f"-{self.cu_dtype}" if self.cu_dtype else "") + form
+
+    def cu_orders(self, n: int | None = None) -> list[list[int]]:
+        """The boundaries of ``n`` (default CU_ORDERS) orders of the lengths, each its own, deterministic (a
+        varlen shape's; [] for a dense one)."""
+        if self.lengths is None:
+            return []
+        n = CU_ORDERS if n is None else n
+        rng = random.Random(len(self.lengths))
+        seen: set[tuple[int, ...]] = set()
+        out: list[list[int]] = []
+        for _ in range(100 * n):
+            if len(out) == n:
+                break
+            order = tuple(rng.sample(self.lengths, len(self.lengths)))
+            if order not in seen:
+                seen.add(order)
+                out.append(cu_seqlens_of(order))
+        return out
 
     @property
     def N(self) -> int:
@@ -368,6 +391,11 @@ class Shape:
     @property
     def cu_seqlens(self) -> list[int] | None:
         return None if self.lengths is None else cu_seqlens_of(self.lengths)
+
+
+# orders a reordered call form cycles through: more than dplr-gen keeps boundaries of (32), so that every call's
+# values are new to it
+CU_ORDERS = 64
 
 
 def mixed_lengths(n: int, total: int, seed: int = 0, min_len: int = 1) -> tuple[int, ...]:
@@ -531,16 +559,22 @@ def fwd_loss_backward(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any 
 
 
 def step_closures(op: Op, xl: Mapping[str, Any], do: Any, dht: Any, cu: Any = None,
-                  cu_cpu: Any = None, fresh_cu: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
+                  cu_cpu: Any = None, fresh_cu: bool = False, cu_cycle: Sequence[Any] = ()
+                  ) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(forward, forward+backward) as the speed measurements time them: the op on the leaves ``xl``, then
     torch.autograd.grad of <o, do> + <ht, dht> w.r.t. every input leaf (nothing accumulated into .grad).
-    ``fresh_cu``: each call gets a new cu_seqlens tensor, copied from ``cu_cpu`` (a data loader's step)."""
+    ``fresh_cu``: each call gets a new cu_seqlens tensor, copied from ``cu_cpu`` (a data loader's step);
+    ``cu_cycle`` (host tensors): copied from the next of them instead, round and round (new values each call)."""
     import torch
 
     leaves = [xl[n] for n in INPUTS if xl.get(n) is not None]
+    turn = itertools.count()
 
     def boundaries() -> Any:
-        return cu_cpu.to(cu.device, copy=True) if fresh_cu and cu is not None else cu
+        if cu is None or not (fresh_cu or cu_cycle):
+            return cu
+        src = cu_cycle[next(turn) % len(cu_cycle)] if cu_cycle else cu_cpu
+        return src.to(cu.device, copy=True)
 
     def fwd() -> Any:
         return op(xl, boundaries())

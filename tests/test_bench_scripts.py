@@ -76,7 +76,14 @@ def test_parse_shape() -> None:
     assert labels[:4] == ["4x4096x32x64", "8x4096x64x64", "8x2048x16x128", "1x4096x2x128"]
     # the varlen call forms: int64 and int32 cu_seqlens reused, and a new int64 tensor each call; ragged too
     assert {s.label for s in bench.CALL_FORMS} <= set(labels)
-    assert {(s.cu_dtype, s.fresh_cu) for s in bench.CALL_FORMS} == {("int64", False), ("int32", False), ("int64", True)}
+    assert {(s.cu_dtype, s.fresh_cu, s.reordered_cu) for s in bench.CALL_FORMS} == {
+        ("int64", False, False), ("int32", False, False), ("int64", True, False), ("int64", True, True)}
+    # the reordered form: more orders than the runtime keeps boundaries of, each its own, the same lengths
+    for s in (f for f in bench.CALL_FORMS if f.reordered_cu):
+        orders = s.cu_orders()
+        assert len(orders) == C.CU_ORDERS > 32 and len({tuple(o) for o in orders}) == len(orders)
+        assert all(sorted(b - a for a, b in zip(o, o[1:])) == sorted(s.lengths) for o in orders)
+        assert s.label.endswith("-int64-reordered") and s.cu_orders() == orders
     assert any(any(n % 16 for n in s.lengths) for s in bench.CALL_FORMS)
     assert all(sum(s.lengths) == s.T for s in bench.CALL_FORMS)
     # the varlen case beside its dense twins stays available by name
@@ -594,6 +601,13 @@ def test_step_closures_give_a_new_cu_seqlens_each_call_when_fresh() -> None:
         assert (a is cu and b is cu) != fresh and torch.equal(a, cu) and torch.equal(b, cu)
         if fresh:
             assert a is not b
+    # new values each call: the next host tensor of the cycle, round and round, copied (never the host's own)
+    cycle = [torch.tensor(c) for c in ([0, 1, 6], [0, 5, 6])]
+    seen.clear()
+    fwd, _ = C.step_closures(op, x, None, None, cu, cpu, fresh_cu=True, cu_cycle=cycle)
+    fwd(), fwd(), fwd()
+    assert [c.tolist() for c, _ in seen] == [[0, 1, 6], [0, 5, 6], [0, 1, 6]]
+    assert all(c is not k for (c, _), k in zip(seen, cycle))
 
 
 def test_job_groups_decode_first_and_the_cuda_peer_per_head_size() -> None:
