@@ -89,18 +89,18 @@ def test_varlen_boundaries_read_and_mapped_once_per_value(pkg, monkeypatch: pyte
     varlen.clear()
     builds: list[int] = []
     reads: list[int] = []
-    real_build, real_tolist = varlen.chunk_map_from_cu_seqlens, torch.Tensor.tolist
+    real_build, real_tolist = varlen.host_chunk_map, torch.Tensor.tolist
 
-    def counted_build(cu: torch.Tensor, C: int, n_slots: int) -> torch.Tensor:
+    def counted_build(offsets: Any, C: int, n_slots: int) -> torch.Tensor:
         builds.append(C)
-        return real_build(cu, C, n_slots)
+        return real_build(offsets, C, n_slots)
 
     def counted_tolist(t: torch.Tensor) -> Any:
         if t.dtype in (torch.int32, torch.int64) and t.dim() == 1 and t.numel() == 4:
             reads.append(1)
         return real_tolist(t)
 
-    monkeypatch.setattr(varlen, "chunk_map_from_cu_seqlens", counted_build)
+    monkeypatch.setattr(varlen, "host_chunk_map", counted_build)
     monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
     lens = [3, 17, 40]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=dtype)
@@ -320,14 +320,27 @@ def test_per_sequence_launch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_slot_map_from_host_offsets_equals_the_device_build() -> None:
-    lens = [1, 15, 16, 17, 64, 100, 3]
-    offs = [0, *torch.tensor(lens).cumsum(0).tolist()]
-    cu = torch.tensor(offs, dtype=torch.int32)
-    for C in (16, 32, 64):
-        n_slots = offs[-1] // C + len(lens)
-        host = chunk_driver.slot_map(cu, C, n_slots, offs)
-        assert torch.equal(host, chunk_driver.chunk_map_from_cu_seqlens(cu, C, n_slots))
-        assert host.dtype == torch.int32 and host.shape == (n_slots, 2)
+    """The map built on the host from read boundaries is the device build's, laid out sequence by sequence
+    (few sequences) or by the same torch ops (many), on fresh random lengths, one- and many-chunk sequences,
+    lengths at and around multiples of C, a single sequence, and a sequence longer than any before it."""
+    from dplr_gen.runtime import varlen
+
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    cases = [[1, 15, 16, 17, 64, 100, 3], [4096], [1] * 5, [33, 32, 31, 1, 2]]
+    cases += [torch.randint(1, 300, (n,), generator=gen).tolist() for n in (2, 9, varlen.HOST_MAP_MAX_SEQS,
+                                                                             varlen.HOST_MAP_MAX_SEQS + 1, 200)]
+    cases += [[5, 50000]]  # more chunks than any sequence so far: the counting run grows
+    for lens in cases:
+        offs = [0, *torch.tensor(lens).cumsum(0).tolist()]
+        cu = torch.tensor(offs, dtype=torch.int32)
+        for C in (16, 32, 64):
+            n_slots = offs[-1] // C + len(lens)
+            want = chunk_driver.chunk_map_from_cu_seqlens(cu, C, n_slots)
+            host = varlen.host_chunk_map(tuple(offs), C, n_slots)
+            assert host.dtype == torch.int32 and host.shape == (n_slots, 2)
+            assert torch.equal(host, want), (lens, C)
+            varlen.clear()
+            assert torch.equal(chunk_driver.slot_map(cu, C, n_slots, offs), want)
 
 
 def test_extreme_gates_no_nan(pkg) -> None:
