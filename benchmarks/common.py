@@ -367,8 +367,8 @@ class Shape:
         return base + (f"-{self.cu_dtype}" if self.cu_dtype else "") + form
 
     def cu_orders(self, n: int | None = None) -> list[list[int]]:
-        """The boundaries of ``n`` (default CU_ORDERS) orders of the lengths, each its own, deterministic (a
-        varlen shape's; [] for a dense one)."""
+        """The boundaries of ``n`` (default CU_ORDERS) distinct orders of the lengths, deterministic; fewer where
+        the lengths have fewer orders (a varlen shape's; [] for a dense one)."""
         if self.lengths is None:
             return []
         n = CU_ORDERS if n is None else n
